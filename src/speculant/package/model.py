@@ -1,0 +1,409 @@
+"""Typed metadata: the subset of the ONNX Inference Metadata Standard speculant reads.
+
+Every object is closed (``extra="forbid"``: an unknown key is a ``MetadataError``). Keys of the
+standard that speculant does not execute are still known here, typed loosely, so that a
+document using them parses and the support check (``package.support``) can name them.
+Structural rules that need the whole document (SSA, aliases, the chain) live in
+``package.rules``; this module checks only what one object can check about itself.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
+                 "fp8_e4m3fn": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3",
+                 "fp8_e5m2": "float8_e5m2"}
+DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3", "float8_e5m2",
+          "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
+FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e4m3", "float8_e5m2")
+
+
+def normalize_dtype(name: str) -> str:
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)} "
+                         "(or the aliases fp32, fp16, bf16)")
+    return name
+
+
+Dtype = Annotated[str, AfterValidator(normalize_dtype)]
+NonEmpty = Annotated[str, Field(min_length=1)]
+UInt = Annotated[int, Field(ge=0)]
+Dim = int | str | None  # fixed extent, shape symbol, or unknown
+
+
+class Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# -- contracts ---------------------------------------------------------------------------
+class BatchLayout(Closed):
+    kind: Literal["shared", "request_aligned", "request_expanded", "token_packed",
+                  "runtime_sequence_state"] = "shared"
+    axis: UInt | None = None
+    factor: UInt | None = None  # request_expanded
+    offsets: str | None = None  # token_packed
+    owner: str | None = None  # token_packed
+
+    @model_validator(mode="after")
+    def _axis_for_aligned(self) -> BatchLayout:
+        if self.kind == "request_aligned" and self.axis is None:
+            raise ValueError("request_aligned batch_layout needs 'axis'")
+        if self.kind == "request_expanded" and self.factor == 0:
+            raise ValueError("request_expanded batch_layout with factor 0")
+        return self
+
+
+class TensorContract(Closed):
+    dtype: Dtype
+    rank: UInt
+    shape: list[Annotated[int, Field(ge=0)] | NonEmpty | None] | None = None
+    optional: bool = False
+    batch_layout: BatchLayout = BatchLayout()
+
+    @model_validator(mode="after")
+    def _rank_matches_shape(self) -> TensorContract:
+        if self.shape is not None and len(self.shape) != self.rank:
+            raise ValueError(f"rank {self.rank} != len(shape) {len(self.shape)} for shape "
+                             f"{self.shape}")
+        if self.batch_layout.axis is not None and self.batch_layout.axis >= self.rank:
+            raise ValueError(f"batch_layout.axis {self.batch_layout.axis} >= rank {self.rank}")
+        return self
+
+    @property
+    def dims(self) -> list[Dim]:
+        return list(self.shape) if self.shape is not None else [None] * self.rank
+
+
+# -- workflow inputs and outputs -----------------------------------------------------------
+class Role(Closed):
+    kind: Literal["runtime", "opaque", "semantic"]
+    version: str | None = None
+    role: str | None = None
+
+
+class Source(Closed):
+    kind: Literal["request", "application", "literal", "artifact"]
+    name: NonEmpty | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_per_kind(self) -> Source:
+        if self.kind == "application" and self.name is None:
+            raise ValueError("an application source needs 'name'")
+        if self.kind == "artifact" and self.path is None:
+            raise ValueError("an artifact source needs 'path'")
+        return self
+
+
+class WorkflowInput(Closed):
+    contract: TensorContract
+    role: Role
+    source: Source
+    required: bool = True
+    default: Any = None
+    present_as: Any = None
+    externally_suppliable: bool | None = None
+
+
+class WorkflowOutput(Closed):
+    contract: TensorContract
+    role: Literal["tensor", "tokens", "text", "image", "audio", "event", "video"]
+    stage: Literal["pre_adapter", "post_adapter"]
+    value_range: Any = None
+    media: Any = None
+
+
+# -- components -------------------------------------------------------------------------
+class Implementation(Closed):
+    kind: Literal["onnx", "adapter", "binding"]
+    artifact: str | None = None
+    model_config = ConfigDict(extra="allow", frozen=True)  # adapter/binding keys: unsupported
+
+
+class Ports(Closed):
+    inputs: dict[str, TensorContract] = {}
+    outputs: dict[str, TensorContract] = {}
+    roles: dict[str, Literal["token_ids", "inputs_embeds", "attention_mask", "position_ids",
+                             "logits", "hidden_states", "encoder_hidden_states",
+                             "audio_features"]] = {}
+
+
+class ComponentContract(Closed):
+    id: str
+    version: str
+    bindings: dict[str, str] = {}
+    parameters: Any = None
+    equivalence: Literal["bitwise", "distribution_preserving", "semantic"] = "semantic"
+
+
+class Component(Closed):
+    implementation: Implementation
+    ports: Ports | None = None
+    contract: ComponentContract | None = None
+    application_overridable: bool | None = None
+    effects: Any = None
+    cache_affects_state: Any = None
+    row_scope: Any = None
+
+
+# -- state and serving ------------------------------------------------------------------
+class Recurrence(Closed):
+    kind: Literal["invariant", "growing", "bounded"]
+    axis: UInt | None = None
+    increment: str | None = None
+    max: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_per_kind(self) -> Recurrence:
+        needed = {"invariant": (), "growing": ("axis", "increment", "max"),
+                  "bounded": ("axis", "max")}[self.kind]
+        missing = [k for k in needed if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"{self.kind} recurrence needs {', '.join(missing)}")
+        return self
+
+
+class StateCell(Closed):
+    contract: TensorContract
+    scope: Literal["invocation", "session"]
+    initializer: NonEmpty
+    recurrence: Recurrence
+    class_: Literal["semantic", "advisory"] = Field("semantic", alias="class")
+    management: Literal["runtime", "workflow", "external"] = "runtime"
+    release_boundary: Literal["invocation", "session", "row"] | None = None
+    service_group: str | None = None
+    session: Any = None
+
+
+class StatePortAlias(Closed):
+    input: NonEmpty
+    output: NonEmpty | None = None
+    access: Literal["read_write", "read_only"] = "read_write"
+    role: Literal["key", "value", "combined"] | None = None
+    layer: UInt | None = None
+
+
+class GroupCapabilities(Closed):
+    rollback_positions: UInt | None = None
+    cascade: list[str] = []
+    snapshot: bool | None = None
+    fork: bool | None = None
+
+
+class StateUpdate(Closed):
+    kind: Literal["append", "replace", "indexed_scatter"] = "append"
+    model_config = ConfigDict(extra="allow", frozen=True)  # indexed_scatter keys: unsupported
+
+
+class StateReuse(Closed):
+    prefix_reusable: bool | None = None
+    evictable_prefix: bool | None = None
+
+
+class StateGroup(Closed):
+    kind: Literal["full_attention", "sliding_attention", "multi_latent_attention", "recurrent",
+                  "cross_attention", "encoder"]
+    layout: str
+    sequence_axis: UInt | None = None
+    update: StateUpdate | None = None
+    capabilities: GroupCapabilities = GroupCapabilities()
+    reuse: StateReuse | None = None
+    aliasing: Literal["forbidden", "permitted", "required"] = "forbidden"
+    logical_lengths: Any = None
+    total_length: Any = None
+    checkpoint: Any = None
+    ports: dict[str, dict[str, StatePortAlias]] = {}
+
+
+class StateService(Closed):
+    groups: dict[str, StateGroup] = {}
+
+
+class Serving(Closed):
+    active: NonEmpty
+    done: NonEmpty
+    accepted_len: NonEmpty | None = None
+    state_service: StateService
+
+
+# -- steps ------------------------------------------------------------------------------
+class Step(Closed):
+    """One workflow step. ``invoke`` and ``emit`` are typed; other kinds keep their keys for
+    the support check (``sequence``/``loop``/``branch`` are unsupported, others unknown)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: str
+    # invoke
+    component: str | None = None
+    inputs: dict[str, str] | None = None
+    outputs: dict[str, str] | None = None
+    # emit
+    value: str | None = None
+    output: str | None = None
+    mode: Literal["replace", "append", "event"] | None = None
+    axis: Any = None
+    when: Any = None
+    valid_length: Any = None
+
+    @model_validator(mode="after")
+    def _closed_for_known_kinds(self) -> Step:
+        allowed = {"invoke": {"component", "inputs", "outputs"},
+                   "emit": {"value", "output", "mode", "axis", "when", "valid_length"}}
+        if self.kind in allowed:
+            extra = sorted(set(self.model_extra or {}))
+            set_keys = {k for k in self.model_fields_set if k != "kind"}
+            foreign = sorted(set_keys - allowed[self.kind]) + extra
+            if foreign:
+                raise ValueError(f"unknown key(s) {foreign} for a {self.kind} step")
+            required = {"invoke": ("component",), "emit": ("value", "output")}[self.kind]
+            missing = [k for k in required if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"{self.kind} step needs {', '.join(missing)}")
+        return self
+
+
+class Manifest(Closed):
+    capabilities: list[str] = []
+    adapter_abis: Any = None
+
+
+class Workflow(Closed):
+    manifest: Manifest
+    components: dict[str, Component]
+    steps: list[Step]
+    inputs: dict[str, WorkflowInput] = {}
+    outputs: dict[str, WorkflowOutput] = {}
+    state: dict[str, StateCell] = {}
+    serving: Serving | None = None
+    effects: Any = None
+
+
+class Pipeline(Closed):
+    workflow: Workflow
+
+
+# -- package, model, generation ---------------------------------------------------------
+class SpecialToken(Closed):
+    id: UInt
+    content: NonEmpty
+
+
+class TokenizerArtifact(Closed):
+    location: str
+
+
+class Tokenizer(Closed):
+    algorithm: NonEmpty
+    vocab_size: Annotated[int, Field(ge=1)]
+    byte_level: bool = False
+    special_tokens: dict[str, SpecialToken] = {}
+    artifacts: Annotated[list[TokenizerArtifact], Field(min_length=1)] | None = None
+
+
+class PackageSection(Closed):
+    tokenizer: Tokenizer | None = None
+    constraint_languages: Any = None
+
+
+class ModelSection(Closed):
+    vocab_size: Annotated[int, Field(ge=1)] | None = None
+    max_sequence_length: Annotated[int, Field(ge=1)] | None = None
+    attention: dict[str, Any] | None = None
+    mixture_of_experts: Any = None
+    sharding: Any = None
+    runtime_configurable: Any = None
+    io: Any = None
+
+
+class GenerationDefaults(Closed):
+    do_sample: bool | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_k: UInt | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    max_length: Annotated[int, Field(ge=1)] | None = None
+    min_length: UInt | None = None
+    num_beams: Annotated[int, Field(ge=1)] | None = None
+    num_return_sequences: Annotated[int, Field(ge=1)] | None = None
+    repetition_penalty: float | None = None
+    length_penalty: float | None = None
+    diversity_penalty: float | None = None
+    no_repeat_ngram_size: UInt | None = None
+    early_stopping: Any = None
+
+
+class Generation(Closed):
+    defaults: GenerationDefaults = GenerationDefaults()
+    overrides: Any = None
+
+
+# -- speculative ------------------------------------------------------------------------
+class Vocabulary(Closed):
+    kind: Literal["identical", "subset", "mapped"]
+    proposer_vocab_size: Annotated[int, Field(ge=1)] | None = None
+    artifact: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_per_kind(self) -> Vocabulary:
+        if self.kind == "subset" and self.proposer_vocab_size is None:
+            raise ValueError("subset vocabulary needs proposer_vocab_size")
+        return self
+
+
+class ValueRef(Closed):
+    component: NonEmpty
+    output: NonEmpty
+
+
+class TokenEmbedding(Closed):
+    component: NonEmpty
+    table: str
+    scale: float | None = None
+
+
+class ProposalExecution(Closed):
+    kind: Literal["block", "chained"] = "block"
+    token_embedding_input: str | None = None
+    logits_output: str | None = None
+    folded_carry_output: str | None = None
+    folded_carry_seed: ValueRef | None = None
+    token_embedding: TokenEmbedding | None = None
+    recurrent: list[Any] = []
+
+
+class Speculative(Closed):
+    proposer: NonEmpty
+    target: NonEmpty
+    vocabulary: Vocabulary
+    max_proposal_width: Annotated[int, Field(ge=1)]
+    proposal_execution: ProposalExecution = ProposalExecution()
+    port_bindings: dict[str, str] = {}
+    shared_state: list[str] = []
+    shared_weights: Any = None
+    distribution_preserving: bool = False
+    rollback_state: list[str] = []
+
+
+class Document(Closed):
+    """The root of ``inference_metadata.{yaml,yml,json}``."""
+
+    schema_version: str = "v1"
+    model: ModelSection | None = None
+    package: PackageSection | None = None
+    pipeline: Pipeline | None = None
+    speculative: Speculative | None = None
+    generation: Generation | None = None
+    required_capabilities: list[str] = []
+    profiles: Any = None
+    adapters: Any = None
+    preprocessing: Any = None
+    quantization: dict[str, Any] | None = None
+    hardware_requirements: dict[str, Any] | None = None
+
+    @property
+    def workflow(self) -> Workflow:
+        assert self.pipeline is not None
+        return self.pipeline.workflow

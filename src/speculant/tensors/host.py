@@ -1,0 +1,59 @@
+"""The host backend (numpy): the living definition of every seam operation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from speculant.tensors.value import HOST, NUMPY_DTYPES, Value
+
+
+def argmax_rows_numpy(rows: np.ndarray) -> np.ndarray:
+    """The argmax rule of runtime.md §7 over ``rows`` ``[R, V]`` (float32 already widened).
+
+    NaN is ignored, the lowest index wins ties, ``+inf`` wins, an all ``-inf`` row yields its
+    first non-NaN index and an all-NaN row yields 0. Result ``[R]`` int32.
+    """
+    is_nan = np.isnan(rows)  # [R, V] bool
+    key = np.where(is_nan, -np.inf, rows)  # [R, V] float32
+    row_max = key.max(axis=1, keepdims=True)  # [R, 1] float32
+    hit = (key == row_max) & ~is_nan  # [R, V] bool
+    return np.argmax(hit, axis=1).astype(np.int32)  # first True; 0 when none
+
+
+def widen_rows(x: Value) -> np.ndarray:
+    """``x`` as ``[R, V]`` float32 rows, widened exactly, one row block at a time."""
+    rows = x.data.reshape(-1, x.shape[-1])
+    return rows.astype(np.float32)
+
+
+class HostBackend:
+    """numpy implementations; arguments are validated by the seam before they get here."""
+
+    device_kind = HOST
+
+    def window(self, v: Value, axis: int, start: int, length: int) -> Value:
+        index = [slice(None)] * v.rank
+        index[axis] = slice(start, start + length)
+        window = v.data[tuple(index)]
+        if window.flags.c_contiguous:
+            return Value(window, HOST, v.dtype, owner=v, owned=False, kind=v.kind)
+        return Value(np.ascontiguousarray(window), HOST, v.dtype, owned=True, kind=v.kind)
+
+    def gather(self, table: Value, ids: Sequence[int]) -> Value:
+        rows = table.data[np.asarray(ids, dtype=np.int64)]  # [n, W] table dtype (a copy)
+        return Value(np.ascontiguousarray(rows), HOST, table.dtype, owned=True)
+
+    def scatter(self, dst: Value, src: Value, offset: int) -> None:
+        width = src.shape[-1] if src.rank else 1
+        dst_rows = dst.data.reshape(-1, dst.shape[-1])  # [R, D] view of dst
+        src_rows = np.array(src.data.reshape(-1, width), copy=True)  # copy-first: overlap
+        dst_rows[:, offset : offset + width] = src_rows
+
+    def zeros(self, shape: Sequence[int], dtype: str, residency: str) -> Value:
+        return Value(np.zeros(tuple(shape), NUMPY_DTYPES[dtype]), HOST, dtype, owned=True)
+
+    def argmax(self, x: Value) -> Value:
+        ids = argmax_rows_numpy(widen_rows(x))  # [R] int32
+        return Value(ids, HOST, "int32", owned=True, kind="token_ids")

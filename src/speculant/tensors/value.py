@@ -1,0 +1,85 @@
+"""`Value`: an array, where it lives, and its metadata dtype (residency.md §2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ml_dtypes
+import numpy as np
+
+HOST = "host"
+
+# Normalized metadata dtype -> numpy dtype used for host storage.
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "int8": np.dtype(np.int8),
+    "int16": np.dtype(np.int16),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "uint8": np.dtype(np.uint8),
+    "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32),
+    "uint64": np.dtype(np.uint64),
+    "bool": np.dtype(np.bool_),
+}
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def dtype_of_numpy(array_dtype: np.dtype) -> str:
+    """The metadata dtype name of a numpy dtype (bfloat16 through ml_dtypes)."""
+    for name, np_dtype in NUMPY_DTYPES.items():
+        if np_dtype == array_dtype:
+            return name
+    raise TypeError(f"numpy dtype {array_dtype} has no metadata dtype")
+
+
+@dataclass(eq=False)
+class Value:
+    """A tensor and where its bytes are.
+
+    ``data`` is a C-contiguous ``numpy.ndarray`` (host) or ``cupy.ndarray`` (CUDA).
+    ``dtype`` is the normalized metadata dtype and is authoritative (bfloat16 is stored as
+    ``uint16`` words on CUDA). ``owner`` keeps the storage alive (an ``OrtValue`` or the parent
+    of a view). Only ``owned`` buffers (allocated by speculant) may be written.
+    """
+
+    data: Any
+    residency: str
+    dtype: str
+    owner: Any = None
+    owned: bool = False
+    kind: Literal["tensor", "token_ids"] = "tensor"
+    _extra: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.data.shape)
+
+    @property
+    def rank(self) -> int:
+        return len(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    @property
+    def is_host(self) -> bool:
+        return self.residency == HOST
+
+    def describe(self) -> str:
+        return f"{list(self.shape)} {self.dtype} on {self.residency}"
+
+    @classmethod
+    def host(cls, array: np.ndarray, dtype: str | None = None, *, owned: bool = True) -> Value:
+        """Wrap a host array (made C-contiguous) as a host value."""
+        array = np.ascontiguousarray(array)
+        return cls(array, HOST, dtype or dtype_of_numpy(array.dtype), owned=owned)
