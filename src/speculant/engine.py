@@ -1,0 +1,204 @@
+"""`load()` and `Engine`: a loaded package, its sessions, and `generate` / `stream`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from speculant.errors import RequestError, ResidencyError
+from speculant.package import Package, load_package
+from speculant.session.session import ComponentSession
+from speculant.speculative.chained import ChainedProposer
+from speculant.speculative.round import run_round
+from speculant.tensors import HOST, TensorSeam
+from speculant.text.detokenizer import IncrementalDetokenizer
+from speculant.text.tokenizer import Tokenizer
+from speculant.workflow.decode import empty_cells, prefill
+from speculant.workflow.request import Request, admit
+from speculant.workflow.state import DecodeState, StopRules
+from speculant.workflow.stats import DecodeStats
+from speculant.workflow.target_pass import TargetPass
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # the generated tokens (prompt excluded)
+    text: str | None  # their text, when the package has a tokenizer
+    stats: DecodeStats
+    time_to_first_token_s: float
+    total_s: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.total_s if self.total_s > 0 else float("inf")
+
+
+def make_seam(device: str) -> TensorSeam:
+    if device == HOST:
+        return TensorSeam()
+    from speculant.tensors import seam as seam_module
+
+    factory = getattr(seam_module, "make_seam", None)
+    if factory is None:
+        raise ResidencyError(f"device '{device}' is not available in this build",
+                             remedy="install 'speculant[cuda]' or load with device='cpu'")
+    return factory(device)
+
+
+def normalize_device(device: str) -> str:
+    if device in ("cpu", HOST):
+        return HOST
+    if device == "cuda":
+        return "cuda:0"
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return device
+    raise RequestError(f"unknown device '{device}'", path="device", value=device,
+                       expected="'cpu', 'cuda' or 'cuda:N'")
+
+
+class Engine:
+    """A loaded package, ready to decode. Build it with :func:`load`."""
+
+    def __init__(self, package: Package, device: str = "cpu", *, use_tf32: bool = False) -> None:
+        self.package = package
+        self.device = normalize_device(device)
+        self.seam = make_seam(self.device)
+        plan, wf = package.plan, package.document.workflow
+        self.sessions = {
+            name: ComponentSession(name, package.model_source(name), wf.components[name].ports,
+                                   self.device, self.seam, use_tf32=use_tf32,
+                                   artifact=str(package.artifacts[name]))
+            for name in (plan.target, plan.proposer) if name is not None}
+        self.target = TargetPass(package.document, plan, self.sessions[plan.target])
+        self.vocab_size = self._target_vocab()
+        self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam,
+                                         self.vocab_size)
+                         if plan.chain is not None and plan.proposer else None)
+        self.tokenizer = Tokenizer.from_package(package)
+        self.stats: DecodeStats | None = None  # the latest decode's statistics
+
+    def _target_vocab(self) -> int | None:
+        plan, wf = self.package.plan, self.package.document.workflow
+        logits_port = plan.port_by_role.get("logits", "logits")
+        ports = wf.components[plan.target].ports
+        contract = ports.outputs.get(logits_port) if ports else None
+        if contract is not None and isinstance(contract.dims[-1], int):
+            return contract.dims[-1]
+        for output in self.package.graphs[plan.target].graph.output:
+            if output.name == logits_port:
+                dims = output.type.tensor_type.shape.dim
+                if dims and dims[-1].HasField("dim_value"):
+                    return dims[-1].dim_value
+        model = self.package.document.model
+        return model.vocab_size if model else None
+
+    # -- decoding -------------------------------------------------------------------------
+    def request(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *,
+                speculative: bool = False, proposer: str | None = None, k: int | None = None,
+                stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+                stop_on_eos: bool = True, inputs: Mapping[str, np.ndarray] | None = None,
+                max_context: int | None = None, seed: int = 0) -> Request:
+        """Turn API arguments into a :class:`Request` (text prompts are tokenized)."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if speculative and proposer is None:
+            proposer = "chained"
+        sequences = tuple(tuple(self.tokenizer.encode(s)) for s in stop)
+        return Request(tuple(int(i) for i in ids), max_new_tokens, proposer, k,
+                       tuple(stop_token_ids), sequences, stop_on_eos, dict(inputs or {}),
+                       max_context, seed)
+
+    def decode(self, request: Request) -> Iterator[int]:
+        """Yield committed token ids as they are committed; stats land in ``self.stats``."""
+        plan = self.package.plan
+        admitted = admit(plan, self.package.document.workflow.inputs, request,
+                         vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
+                         never_materialized=self._fused_values())
+        if request.proposer == "auto":
+            admitted.proposer, admitted.k = self._auto_proposer(request.k)
+        stop_ids = set(request.stop_token_ids)
+        if request.stop_on_eos:
+            stop_ids.update(plan.eos_ids)
+        rules = StopRules(request.max_new_tokens, frozenset(stop_ids), request.stop_sequences,
+                          admitted.context_cap)
+        state = DecodeState(self.seam, plan, rules, admitted, list(request.prompt_ids),
+                            len(request.prompt_ids), empty_cells(self.package))
+        self.stats = state.stats
+        try:
+            if not self._controls_allow_a_pass(admitted):
+                state.stop_reason = "inactive"
+                return
+            yield from prefill(state, self.target)
+            proposer = self.proposer if admitted.proposer == "chained" else None
+            while not state.is_stopped:
+                yield from run_round(state, self.target, proposer, admitted.k)
+        finally:
+            state.stats.stop_reason = state.stop_reason
+            state.stats.residency = self.seam.counters.snapshot()
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64,
+                 **options) -> Generation:
+        """Decode one request to the end; see :meth:`request` for the options."""
+        request = self.request(prompt, max_new_tokens, **options)
+        started = time.perf_counter()
+        first_at = None
+        ids: list[int] = []
+        for token in self.decode(request):
+            first_at = first_at or time.perf_counter()
+            ids.append(token)
+        total = time.perf_counter() - started
+        text = self.tokenizer.decode(ids) if self.tokenizer.available else None
+        assert self.stats is not None
+        return Generation(ids, text, self.stats, (first_at or started) - started, total)
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64,
+               **options) -> Iterator[str]:
+        """Yield text pieces as tokens are committed (never a broken UTF-8 sequence)."""
+        detokenizer = IncrementalDetokenizer(self.tokenizer)
+        for token in self.decode(self.request(prompt, max_new_tokens, **options)):
+            piece = detokenizer.push(token)
+            if piece:
+                yield piece
+        tail = detokenizer.flush()
+        if tail:
+            yield tail
+
+    # -- helpers --------------------------------------------------------------------------
+    def _fused_values(self) -> tuple[str, ...]:
+        chain = self.package.plan.chain
+        if chain is None:
+            return ()
+        value = self.package.plan.proposer_inputs.get(chain.fused_port)
+        return (value,) if value else ()
+
+    def _auto_proposer(self, k: int | None) -> tuple[str | None, int]:
+        """The auto-enable rule of runtime.md §2.4."""
+        doc, plan = self.package.document, self.package.plan
+        spec = doc.speculative
+        components = doc.workflow.components.values()
+        safe = spec is not None and spec.distribution_preserving and all(
+            c.contract is not None and c.contract.equivalence in ("bitwise",
+                                                                  "distribution_preserving")
+            for c in components)
+        if not safe or plan.chain is None:
+            return None, 0
+        width = k if k is not None else spec.max_proposal_width
+        if not 1 <= width <= spec.max_proposal_width:
+            raise RequestError(f"k = {width} outside [1, {spec.max_proposal_width}]",
+                               path="speculative.max_proposal_width", value=width)
+        return "chained", width
+
+    @staticmethod
+    def _controls_allow_a_pass(admitted) -> bool:
+        active = admitted.controls.get("active")
+        done = admitted.controls.get("done")
+        return not ((active is not None and not bool(active.data.reshape(-1)[0])) or
+                    (done is not None and bool(done.data.reshape(-1)[0])))
+
+
+def load(path: str | Path, device: str = "cpu", *, use_tf32: bool = False) -> Engine:
+    """Load an inference package (a folder) and create its sessions on ``device``."""
+    return Engine(load_package(path), device, use_tf32=use_tf32)

@@ -1,0 +1,129 @@
+"""One ONNX Runtime session per component, run through IO binding (residency.md §6).
+
+`ComponentSession.invoke` is the one seam every component run goes through: it checks the
+inputs against the port contracts (a fresh invocation-scope symbol table), binds them where
+they live, runs, adopts the outputs as `Value`s on the execution device, and checks those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnxruntime as ort
+
+from speculant.errors import AdmissionError, ContractError, ResidencyError
+from speculant.package.model import Ports
+from speculant.session.contracts import SymbolTable
+from speculant.tensors import HOST, TensorSeam, Value
+
+ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(int32)": "int32",
+    "tensor(int64)": "int64", "tensor(uint8)": "uint8", "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32", "tensor(uint64)": "uint64", "tensor(bool)": "bool",
+}
+
+
+def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
+    """The execution provider list for ``device`` ("host" or "cuda:N"); never a fallback."""
+    available = ort.get_available_providers()
+    if device == HOST:
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in available:
+        raise ResidencyError(
+            f"device '{device}' needs ONNX Runtime's CUDAExecutionProvider, but this onnxruntime "
+            f"build offers only {available}", value=device,
+            remedy="install the GPU build: pip install 'speculant[cuda]' (which installs "
+            "onnxruntime-gpu instead of onnxruntime), or load with device='cpu'")
+    backend = seam.device_backends["cuda"]
+    ordinal = int(device.split(":")[1]) if ":" in device else 0
+    options = {"device_id": str(ordinal), "use_tf32": "1" if use_tf32 else "0"}
+    options.update(backend.provider_options(ordinal))
+    return [("CUDAExecutionProvider", options)]
+
+
+class ComponentSession:
+    """A component's ORT session, its port contracts and its execution device."""
+
+    def __init__(self, name: str, source: str | bytes, ports: Ports, device: str,
+                 seam: TensorSeam, *, use_tf32: bool = False, artifact: str = "") -> None:
+        self.name = name
+        self.ports = ports
+        self.device = device
+        self.seam = seam
+        providers = provider_for(device, seam, use_tf32=use_tf32)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(source, options, providers=providers)
+        except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
+            raise AdmissionError(
+                f"ONNX Runtime refused to create the session of component '{name}': {exc}",
+                file=artifact, path=f"pipeline.workflow.components.{name}") from exc
+        wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
+        if self.session.get_providers()[0] != wanted:
+            raise ResidencyError(
+                f"component '{name}' asked for {wanted} but ONNX Runtime created "
+                f"{self.session.get_providers()}", value=device,
+                remedy="check the CUDA and cuDNN libraries (onnxruntime.preload_dlls()), or "
+                "load with device='cpu'")
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.output_dtypes = {o.name: ORT_TYPES.get(o.type, o.type)
+                              for o in self.session.get_outputs()}
+        self.num_invocations = 0
+
+    @property
+    def provider_options(self) -> dict:
+        return self.session.get_provider_options()
+
+    def invoke(self, inputs: Mapping[str, Value], outputs: list[str] | None = None
+               ) -> dict[str, Value]:
+        """Run the component on ``inputs`` (port -> Value); return the requested outputs."""
+        symbols = SymbolTable(f"invocation of component '{self.name}'")
+        for port, value in inputs.items():
+            contract = self.ports.inputs.get(port)
+            if contract is None:
+                raise ContractError(f"component '{self.name}' has no input port '{port}'",
+                                    path=port)
+            symbols.check(port, contract, value)
+        wanted = outputs or [p for p in self.ports.outputs if p in self.output_names]
+        binding = self.session.io_binding()
+        for port, value in inputs.items():
+            self._bind_input(binding, port, value)
+        for port in wanted:
+            self._bind_output(binding, port)
+        self.session.run_with_iobinding(binding)
+        self.num_invocations += 1
+        produced = dict(zip(wanted, binding.get_outputs(), strict=True))
+        result = {port: self._adopt_output(port, ort_value) for port, ort_value in
+                  produced.items()}
+        for port, value in result.items():
+            symbols.check(port, self.ports.outputs[port], value)
+        return result
+
+    # -- binding --------------------------------------------------------------------------
+    def _bind_input(self, binding: ort.IOBinding, port: str, value: Value) -> None:
+        if value.residency == HOST:
+            binding.bind_cpu_input(port, value.data)  # ORT uploads it: an upload, not a read
+            return
+        if value.residency != self.device:
+            raise ResidencyError(
+                f"input '{port}' of component '{self.name}' is {value.describe()}, but the "
+                f"component executes on {self.device}",
+                remedy=f"adopt the value into {self.device} first, or run the component on "
+                f"{value.residency}")
+        self.seam.device_backends["cuda"].bind_input(binding, port, value)
+
+    def _bind_output(self, binding: ort.IOBinding, port: str) -> None:
+        if self.device == HOST:
+            binding.bind_output(port, "cpu")
+        else:
+            self.seam.device_backends["cuda"].bind_output(binding, port, self.device)
+
+    def _adopt_output(self, port: str, ort_value: ort.OrtValue) -> Value:
+        dtype = self.output_dtypes[port]
+        if self.device == HOST:
+            array = np.ascontiguousarray(ort_value.numpy())  # host memory already: no crossing
+            return Value(array, HOST, dtype, owner=ort_value, owned=False)
+        return self.seam.device_backends["cuda"].wrap_output(ort_value, dtype, self.device)
