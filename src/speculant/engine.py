@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from speculant.errors import RequestError, ResidencyError
-from speculant.package import Package, load_package
+from speculant.package.package import Package
 from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.round import run_round
 from speculant.tensors import HOST, TensorSeam
 from speculant.text.detokenizer import IncrementalDetokenizer
-from speculant.text.tokenizer import Tokenizer
+from speculant.text.tokenizer import load_tokenizer
 from speculant.workflow.decode import empty_cells, prefill
 from speculant.workflow.request import Request, admit
 from speculant.workflow.state import DecodeState, StopRules
@@ -78,7 +78,8 @@ class Engine:
         self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam,
                                          self.vocab_size)
                          if plan.chain is not None and plan.proposer else None)
-        self.tokenizer = Tokenizer.from_package(package)
+        self.tokenizer = load_tokenizer(package.tokenizer_file, eos_token_ids=plan.eos_ids,
+                                        package=str(package.root))
         self.stats: DecodeStats | None = None  # the latest decode's statistics
 
     def _target_vocab(self) -> int | None:
@@ -106,7 +107,7 @@ class Engine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if speculative and proposer is None:
             proposer = "chained"
-        sequences = tuple(tuple(self.tokenizer.encode(s)) for s in stop)
+        sequences = tuple(tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in stop)
         return Request(tuple(int(i) for i in ids), max_new_tokens, proposer, k,
                        tuple(stop_token_ids), sequences, stop_on_eos, dict(inputs or {}),
                        max_context, seed)
@@ -150,15 +151,16 @@ class Engine:
             first_at = first_at or time.perf_counter()
             ids.append(token)
         total = time.perf_counter() - started
-        text = self.tokenizer.decode(ids) if self.tokenizer.available else None
+        text = self.tokenizer.decode(ids) if self.tokenizer.has_text else None
         assert self.stats is not None
         return Generation(ids, text, self.stats, (first_at or started) - started, total)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64,
                **options) -> Iterator[str]:
         """Yield text pieces as tokens are committed (never a broken UTF-8 sequence)."""
-        detokenizer = IncrementalDetokenizer(self.tokenizer)
-        for token in self.decode(self.request(prompt, max_new_tokens, **options)):
+        request = self.request(prompt, max_new_tokens, **options)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, context_ids=request.prompt_ids)
+        for token in self.decode(request):
             piece = detokenizer.push(token)
             if piece:
                 yield piece
@@ -201,4 +203,6 @@ class Engine:
 
 def load(path: str | Path, device: str = "cpu", *, use_tf32: bool = False) -> Engine:
     """Load an inference package (a folder) and create its sessions on ``device``."""
+    from speculant.package.loader import load_package
+
     return Engine(load_package(path), device, use_tf32=use_tf32)

@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from speculant.errors import ChainError, ContractError
-from speculant.package import Package
+from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
 from speculant.session.session import ComponentSession
 from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value

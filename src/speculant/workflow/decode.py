@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from speculant.errors import AdmissionError
-from speculant.package import Package
+from speculant.package.package import Package
 from speculant.tensors import NUMPY_DTYPES, Value
 from speculant.workflow.state import DecodeState
 from speculant.workflow.target_pass import TargetPass

@@ -1,0 +1,165 @@
+"""The `speculant` command: generate, inspect, metadata tools."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn
+from rich.table import Table
+
+from speculant.errors import SpeculantError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Speculative decoding for ONNX inference packages.")
+metadata_app = typer.Typer(no_args_is_help=True, help="Tools for inference_metadata documents.")
+app.add_typer(metadata_app, name="metadata")
+stderr = Console(stderr=True)
+
+
+def demo_package() -> Path:
+    """The package bundled inside the wheel."""
+    return Path(str(resources.files("speculant") / "demo"))
+
+
+def fail(error: SpeculantError) -> None:
+    stderr.print(f"[bold red]{type(error).__name__}[/]: {error}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def generate(
+    package: Annotated[Path | None, typer.Argument(help="Package folder (default: the "
+                                                        "bundled demo package).")] = None,
+    prompt: Annotated[str, typer.Option(help="Prompt text.")] = "def ",
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 64,
+    speculative: Annotated[bool, typer.Option(help="Speculate with the declared chained "
+                                                   "proposer.")] = False,
+    k: Annotated[int | None, typer.Option(help="Drafts per round (default: the package's "
+                                               "max_proposal_width).")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
+    stats: Annotated[bool, typer.Option(help="Print acceptance figures and counters to "
+                                             "stderr.")] = False,
+) -> None:
+    """Generate text, streaming it to stdout; a summary line goes to stderr."""
+    from speculant.engine import load
+
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=stderr,
+                      transient=True) as progress:
+            progress.add_task(f"loading {package or 'the demo package'} on {device}")
+            engine = load(package or demo_package(), device=device)
+        if speculative and k is None:
+            spec = engine.package.document.speculative
+            k = spec.max_proposal_width if spec else None
+        options = dict(speculative=speculative, k=k, stop=tuple(stop or ()))
+        generation = None
+        pieces = engine.stream(prompt, max_new_tokens, **options) \
+            if engine.tokenizer.has_text else None
+        if pieces is not None:
+            import time
+
+            started = time.perf_counter()
+            first_at = None
+            sys.stdout.write(prompt)
+            for piece in pieces:
+                first_at = first_at or time.perf_counter()
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            total = time.perf_counter() - started
+            run_stats = engine.stats
+            ttft = (first_at or started) - started
+        else:
+            generation = engine.generate(prompt, max_new_tokens, **options)
+            print(generation.token_ids)
+            run_stats, total, ttft = generation.stats, generation.total_s, \
+                generation.time_to_first_token_s
+    except SpeculantError as error:
+        fail(error)
+        return
+    assert run_stats is not None
+    n = run_stats.committed
+    stderr.print(f"{n} tokens in {total:.3f} s ({n / total if total else 0:.1f} tok/s), "
+                 f"time to first token {ttft * 1000:.1f} ms, stop: {run_stats.stop_reason}",
+                 highlight=False)
+    if stats:
+        print_stats(run_stats)
+
+
+def print_stats(run_stats) -> None:
+    mean = run_stats.mean_accepted_length
+    stderr.print(f"mean accepted length: {mean:.3f}" if mean is not None else
+                 "mean accepted length: n/a (no speculative rounds)", highlight=False)
+    by_position = run_stats.acceptance_by_position
+    if by_position:
+        stderr.print("acceptance by position: " + "  ".join(
+            f"{i + 1}:{rate:.2f}" for i, rate in enumerate(by_position)), highlight=False)
+    table = Table(title="counters", show_header=False)
+    for key, value in run_stats.as_dict().items():
+        if key in ("trace", "proposed_at", "accepted_at", "acceptance_by_position",
+                   "mean_accepted_length", "residency"):
+            continue
+        table.add_row(key, str(value))
+    for key, value in run_stats.residency.items():
+        table.add_row(key, str(value))
+    stderr.print(table)
+
+
+@app.command()
+def inspect(
+    target: Annotated[Path, typer.Argument(help="Package folder, or a metadata file with "
+                                                "--metadata-only.")],
+    metadata_only: Annotated[bool, typer.Option("--metadata-only",
+                                                 help="Validate one metadata document "
+                                                      "without artifacts.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show components, ports, state groups and the speculative contract."""
+    from speculant.package import load_metadata_only, load_package, summarize
+
+    try:
+        if metadata_only:
+            document, unsupported = load_metadata_only(target)
+        else:
+            document, unsupported = load_package(target).document, []
+    except SpeculantError as error:
+        fail(error)
+        return
+    summary = summarize(document)
+    summary["unsupported"] = [f"{p.path}: {p.message}" for p in unsupported]
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+        return
+    console = Console()
+    console.print(f"[bold]{target}[/]")
+    for key, value in summary.items():
+        console.print(f"[bold cyan]{key}[/]")
+        console.print_json(json.dumps(value, default=str))
+
+
+@metadata_app.command("name-axes")
+def name_axes_command(
+    package: Annotated[Path, typer.Argument(help="Package folder or metadata file.")],
+    dry_run: Annotated[bool, typer.Option(help="Report without writing.")] = False,
+) -> None:
+    """Rename sequence-like axes called `sequence` by what they are."""
+    from speculant.package.name_axes import name_axes
+
+    path = package / "inference_metadata.yaml" if package.is_dir() else package
+    try:
+        report = name_axes(path, write=not dry_run)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(str(report), highlight=False)
+
+
+if __name__ == "__main__":
+    app()
