@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
                  "fp8_e4m3fn": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3",
@@ -27,6 +28,12 @@ def normalize_dtype(name: str) -> str:
         raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)} "
                          "(or the aliases fp32, fp16, bf16)")
     return name
+
+
+def field_error(field: str, message: str) -> PydanticCustomError:
+    """A validation error about one key of the object being validated: ``package.document``
+    appends ``field`` to the error location so the reported path names the key itself."""
+    return PydanticCustomError("field_error", "{message}", {"field": field, "message": message})
 
 
 Dtype = Annotated[str, AfterValidator(normalize_dtype)]
@@ -51,9 +58,9 @@ class BatchLayout(Closed):
     @model_validator(mode="after")
     def _axis_for_aligned(self) -> BatchLayout:
         if self.kind == "request_aligned" and self.axis is None:
-            raise ValueError("request_aligned batch_layout needs 'axis'")
+            raise field_error("axis", "request_aligned batch_layout needs 'axis'")
         if self.kind == "request_expanded" and self.factor == 0:
-            raise ValueError("request_expanded batch_layout with factor 0")
+            raise field_error("factor", "request_expanded batch_layout with factor 0")
         return self
 
 
@@ -67,10 +74,11 @@ class TensorContract(Closed):
     @model_validator(mode="after")
     def _rank_matches_shape(self) -> TensorContract:
         if self.shape is not None and len(self.shape) != self.rank:
-            raise ValueError(f"rank {self.rank} != len(shape) {len(self.shape)} for shape "
-                             f"{self.shape}")
+            raise field_error("rank", f"rank {self.rank} != len(shape) {len(self.shape)} for "
+                              f"shape {self.shape}")
         if self.batch_layout.axis is not None and self.batch_layout.axis >= self.rank:
-            raise ValueError(f"batch_layout.axis {self.batch_layout.axis} >= rank {self.rank}")
+            raise field_error("batch_layout.axis",
+                              f"batch_layout.axis {self.batch_layout.axis} >= rank {self.rank}")
         return self
 
     @property
@@ -93,9 +101,9 @@ class Source(Closed):
     @model_validator(mode="after")
     def _fields_per_kind(self) -> Source:
         if self.kind == "application" and self.name is None:
-            raise ValueError("an application source needs 'name'")
+            raise field_error("name", "an application source needs 'name'")
         if self.kind == "artifact" and self.path is None:
-            raise ValueError("an artifact source needs 'path'")
+            raise field_error("path", "an artifact source needs 'path'")
         return self
 
 
@@ -163,7 +171,7 @@ class Recurrence(Closed):
                   "bounded": ("axis", "max")}[self.kind]
         missing = [k for k in needed if getattr(self, k) is None]
         if missing:
-            raise ValueError(f"{self.kind} recurrence needs {', '.join(missing)}")
+            raise field_error(missing[0], f"{self.kind} recurrence needs {', '.join(missing)}")
         return self
 
 
@@ -173,7 +181,10 @@ class StateCell(Closed):
     initializer: NonEmpty
     recurrence: Recurrence
     class_: Literal["semantic", "advisory"] = Field("semantic", alias="class")
-    management: Literal["runtime", "workflow", "external"] = "runtime"
+    # The standard's default is `workflow` (inference_metadata.schema.json); speculant needs
+    # `runtime`, so an absent key is an unsupported cell, not a runtime cell without a
+    # release_boundary (published example 18 relies on this reading).
+    management: Literal["runtime", "workflow", "external"] = "workflow"
     release_boundary: Literal["invocation", "session", "row"] | None = None
     service_group: str | None = None
     session: Any = None
@@ -254,15 +265,16 @@ class Step(Closed):
         allowed = {"invoke": {"component", "inputs", "outputs"},
                    "emit": {"value", "output", "mode", "axis", "when", "valid_length"}}
         if self.kind in allowed:
-            extra = sorted(set(self.model_extra or {}))
             set_keys = {k for k in self.model_fields_set if k != "kind"}
-            foreign = sorted(set_keys - allowed[self.kind]) + extra
+            foreign = sorted((set_keys - allowed[self.kind]) | set(self.model_extra or {}))
             if foreign:
-                raise ValueError(f"unknown key(s) {foreign} for a {self.kind} step")
-            required = {"invoke": ("component",), "emit": ("value", "output")}[self.kind]
+                raise PydanticCustomError(
+                    "unknown_keys", "unknown key(s) {keys} for a {kind} step",
+                    {"keys": foreign, "kind": self.kind})
+            required = {"invoke": ("component",), "emit": ("value", "output", "mode")}[self.kind]
             missing = [k for k in required if getattr(self, k) is None]
             if missing:
-                raise ValueError(f"{self.kind} step needs {', '.join(missing)}")
+                raise field_error(missing[0], f"{self.kind} step needs {', '.join(missing)}")
         return self
 
 
@@ -349,7 +361,7 @@ class Vocabulary(Closed):
     @model_validator(mode="after")
     def _fields_per_kind(self) -> Vocabulary:
         if self.kind == "subset" and self.proposer_vocab_size is None:
-            raise ValueError("subset vocabulary needs proposer_vocab_size")
+            raise field_error("proposer_vocab_size", "subset vocabulary needs proposer_vocab_size")
         return self
 
 

@@ -99,7 +99,8 @@ def derive_plan(doc: Document) -> LoadPlan:
                 if component != target or alias.access != "read_write" or not alias.output:
                     continue
                 cell = wf.state[cell_name]
-                recurrence_max = cell.recurrence.max if cell.recurrence.kind != "invariant" else None
+                recurrence = cell.recurrence
+                recurrence_max = recurrence.max if recurrence.kind != "invariant" else None
                 cells[cell_name] = CellPlan(
                     name=cell_name, group=group_name, contract=cell.contract,
                     initializer=cell.initializer, owner_input=alias.input,
