@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from speculant.text import IncrementalDetokenizer, Tokenizer
+from speculant.errors import RequestError
+from speculant.text import IncrementalDetokenizer, NoTokenizer, Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 MULTI_BYTE_TEXTS = [
@@ -95,6 +97,11 @@ def test_push_many_returns_the_text_of_a_block(bpe: Tokenizer) -> None:
     detokenizer = IncrementalDetokenizer(bpe)
     text = detokenizer.push_many(ids[:5]) + detokenizer.push_many(ids[5:])
     assert text + detokenizer.flush() == "café 😀 日本"
+
+
+def test_a_package_without_tokenizer_is_refused_before_streaming() -> None:
+    with pytest.raises(RequestError, match="needs a tokenizer"):
+        IncrementalDetokenizer(NoTokenizer())
 
 
 class RecordingDecoder:

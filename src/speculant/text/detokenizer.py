@@ -37,7 +37,8 @@ class IncrementalDetokenizer:
     ``context_ids`` (the prompt, say) are decoded as left context but never emitted: then
     the pieces equal ``decode(tail + ids)[len(decode(tail)):]`` with ``tail`` the last
     :data:`NUM_CONTEXT_IDS` context ids, so the first generated word keeps its leading space.
-    The context must end on a character boundary (a prompt's ids always do).
+    The context must end on a character boundary (a prompt's ids always do). A
+    :class:`~speculant.text.tokenizer.NoTokenizer` is refused here, before the first token.
     """
 
     def __init__(
@@ -47,6 +48,8 @@ class IncrementalDetokenizer:
         context_ids: Sequence[int] = (),
         skip_special_tokens: bool = True,
     ) -> None:
+        if not getattr(tokenizer, "has_text", True):
+            tokenizer.decode([])  # raises its RequestError now, not mid-stream
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         # ids[prefix_offset:]; the ids before _read_offset are emitted text
