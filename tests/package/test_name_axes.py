@@ -91,6 +91,7 @@ def test_report_lists_each_renamed_field_path(tmp_path) -> None:
     assert len(report.renames) == 23
     assert [r.line for r in report.renames] == sorted(r.line for r in report.renames)
     rendered = report.render()
+    assert str(report) == rendered
     assert "renamed 23 shape symbols" in rendered
     assert ("pipeline.workflow.inputs.request.attention_mask.contract.shape.1: "
             "sequence -> total_sequence") in rendered

@@ -89,6 +89,8 @@ class NamingReport:
         lines += [f"  {r.path}: {r.old} -> {r.new}" for r in self.renames]
         return "\n".join(lines)
 
+    __str__ = render
+
 
 def name_axes(metadata_path: Path, *, write: bool = True) -> NamingReport:
     """Rename every ``sequence`` shape symbol of ``metadata_path`` by its role, in place.
