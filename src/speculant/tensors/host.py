@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from speculant.tensors.value import HOST, NUMPY_DTYPES, Value
+from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
 
 
 def argmax_rows_numpy(rows: np.ndarray) -> np.ndarray:
@@ -16,15 +16,22 @@ def argmax_rows_numpy(rows: np.ndarray) -> np.ndarray:
     first non-NaN index and an all-NaN row yields 0. Result ``[R]`` int32.
     """
     is_nan = np.isnan(rows)  # [R, V] bool
-    key = np.where(is_nan, -np.inf, rows)  # [R, V] float32
+    key = np.where(is_nan, np.float32(-np.inf), rows)  # [R, V] float32
     row_max = key.max(axis=1, keepdims=True)  # [R, 1] float32
     hit = (key == row_max) & ~is_nan  # [R, V] bool
     return np.argmax(hit, axis=1).astype(np.int32)  # first True; 0 when none
 
 
+def widen_bfloat16_bits(words: np.ndarray) -> np.ndarray:
+    """bfloat16 words (any 16-bit view) as float32, exactly: the bits go to the top half."""
+    return (words.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
 def widen_rows(x: Value) -> np.ndarray:
-    """``x`` as ``[R, V]`` float32 rows, widened exactly, one row block at a time."""
-    rows = x.data.reshape(-1, x.shape[-1])
+    """``x`` as ``[R, V]`` float32 rows, widened exactly (residency.md §4, "bfloat16")."""
+    rows = x.data.reshape(-1, x.shape[-1])  # [R, V] x.dtype
+    if x.dtype == "bfloat16":
+        return widen_bfloat16_bits(np.ascontiguousarray(rows))
     return rows.astype(np.float32)
 
 
@@ -37,7 +44,7 @@ class HostBackend:
         index = [slice(None)] * v.rank
         index[axis] = slice(start, start + length)
         window = v.data[tuple(index)]
-        if window.flags.c_contiguous:
+        if window_is_view(v.shape, axis, length):
             return Value(window, HOST, v.dtype, owner=v, owned=False, kind=v.kind)
         return Value(np.ascontiguousarray(window), HOST, v.dtype, owned=True, kind=v.kind)
 
@@ -47,8 +54,8 @@ class HostBackend:
 
     def scatter(self, dst: Value, src: Value, offset: int) -> None:
         width = src.shape[-1] if src.rank else 1
-        dst_rows = dst.data.reshape(-1, dst.shape[-1])  # [R, D] view of dst
-        src_rows = np.array(src.data.reshape(-1, width), copy=True)  # copy-first: overlap
+        dst_rows = dst.data.reshape(-1, dst.shape[-1])  # [R, D] view of dst (C-contiguous)
+        src_rows = np.array(src.data.reshape(-1, width), copy=True)  # [r, w] copy-first
         dst_rows[:, offset : offset + width] = src_rows
 
     def zeros(self, shape: Sequence[int], dtype: str, residency: str) -> Value:

@@ -29,7 +29,7 @@ class ResidencyCounters:
 class TensorOps(Protocol):
     """Every host/device-sensitive operation of the decode path.
 
-    The host implementation (:class:`speculant.tensors.host.HostTensorOps`) is the
+    The host implementation (:class:`speculant.tensors.host.HostBackend`) is the
     definition; a device implementation must agree with it byte for byte.
     """
 

@@ -3,11 +3,18 @@
 The seam validates arguments once (rules S1-S7 of residency.md §3) and hands the work to the
 backend of the principal's residency: :class:`HostBackend` for ``host`` and, when installed
 and enabled, the CUDA backend for ``cuda:N``. It never copies a value to the host to proceed.
+
+Checks run in this order: arguments that cannot even be read (axis, residency string), then
+S2 (an empty result is a host value, whatever path produced it), then S4 (straddling
+operands), then S3 (no implementation for the residency), then the rest of S6/S7.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import operator
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,9 +24,56 @@ from speculant.tensors.host import HostBackend
 from speculant.tensors.ops import ResidencyCounters
 from speculant.tensors.value import FLOAT_DTYPES, HOST, NUMPY_DTYPES, Value
 
+_RESIDENCY = re.compile(r"^(host|[a-z][a-z0-9_]*:[0-9]+)$")
+INSTALL_CUDA = "pip install 'speculant[cuda]'"
+
 
 def device_kind(residency: str) -> str:
     return residency.split(":", 1)[0]
+
+
+def residency_for_device(device: str) -> str:
+    """The residency ``device`` names: ``cpu``/``host`` -> ``host``, ``cuda`` -> ``cuda:0``."""
+    if device in ("cpu", HOST):
+        return HOST
+    if device == "cuda":
+        return "cuda:0"
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return f"cuda:{int(device[5:])}"
+    raise ResidencyError(
+        f"unknown device '{device}': speculant runs on the host ('cpu') or on CUDA ('cuda', "
+        "'cuda:N')", value=device, expected="'cpu', 'cuda' or 'cuda:N'",
+        remedy=f"load with device='cpu', or device='cuda:N' after {INSTALL_CUDA}")
+
+
+def make_seam(device: str = "cpu", *, ordering: str = "shared_stream") -> TensorSeam:
+    """The seam for a runtime that executes on ``device`` (``cpu``, ``cuda`` or ``cuda:N``).
+
+    For CUDA it builds a :class:`~speculant.tensors.cuda.CudaBackend` for that ordinal and
+    raises :class:`ResidencyError` at once, naming the ordinal, when CuPy, a GPU or that
+    ordinal is missing. There is no silent CPU fallback (residency.md §7).
+    ``ordering`` is ``"shared_stream"`` (default) or ``"fence"`` (residency.md §8).
+    """
+    residency = residency_for_device(device)
+    if residency == HOST:
+        return TensorSeam()
+    from speculant.tensors.cuda import CudaBackend
+
+    return TensorSeam({"cuda": CudaBackend(int(residency.split(":")[1]), ordering=ordering)})
+
+
+def _check_residency(op: str, residency: object) -> None:
+    if not isinstance(residency, str) or not _RESIDENCY.match(residency):
+        raise ContractError(f"{op}: residency {residency!r} is not 'host' or '<device>:<ordinal>'",
+                            value=residency, expected="'host' or e.g. 'cuda:0'")
+
+
+def _operands(operands: Sequence[tuple[str, str]]) -> str:
+    return ", ".join(f"{role} {description}" for role, description in operands)
+
+
+def _requested(shape: Sequence[int], dtype: str, residency: str) -> str:
+    return f"{list(shape)} {dtype} on {residency}"
 
 
 class TensorSeam:
@@ -33,117 +87,192 @@ class TensorSeam:
         for backend in self.device_backends.values():
             backend.counters = self.counters
 
-    # -- dispatch -------------------------------------------------------------------------
-    def backend_for(self, op: str, v: Value) -> Any:
-        if v.residency == HOST:
-            return self.host
-        backend = self.device_backends.get(device_kind(v.residency))
-        if backend is None:
-            raise ResidencyError(
-                f"{op}: no implementation for residency '{v.residency}' in this build "
-                f"(operand {v.describe()})",
-                value=v.residency,
-                remedy=(
-                    "install and enable the implementation for that device "
-                    "(pip install 'speculant[cuda]' and load with device='cuda'), "
-                    "or adopt the value to the host explicitly with adopt(v, 'host')"
-                ),
-            )
-        return backend
+    @property
+    def ordering(self) -> str:
+        """How device work is ordered against ONNX Runtime: ``shared_stream`` or ``fence``."""
+        modes = {getattr(b, "ordering", "shared_stream") for b in self.device_backends.values()}
+        return "fence" if "fence" in modes else "shared_stream"
 
-    def _same_residency(self, op: str, principal: Value, other: Value, role: str) -> None:
+    @contextlib.contextmanager
+    def write_batch(self) -> Iterator[None]:
+        """Group device writes into one batch: in ``fence`` mode one fence ends the batch.
+
+        Outside a batch every device write is a batch of its own (fenced at once), so an
+        omitted ``write_batch`` costs synchronizations, never ordering. Host-only: a no-op.
+        """
+        with contextlib.ExitStack() as stack:
+            for backend in self.device_backends.values():
+                stack.enter_context(backend.write_batch())
+            yield
+
+    # -- dispatch -------------------------------------------------------------------------
+    def backend_for(self, op: str, v: Value, role: str = "operand") -> Any:
+        """The backend for the residency of ``v`` (S3: a ResidencyError when there is none)."""
+        return self._backend_for_residency(op, v.residency, [(role, v.describe())])
+
+    def _backend_for_residency(self, op: str, residency: str,
+                               operands: Sequence[tuple[str, str]],
+                               alternative: str = "") -> Any:
+        if residency == HOST:
+            return self.host
+        kind = device_kind(residency)
+        backend = self.device_backends.get(kind)
+        reason = (f"no '{kind}' implementation is enabled in this seam" if backend is None
+                  else backend.unsupported_reason(residency))
+        if reason is None:
+            return backend
+        install = (f"{INSTALL_CUDA} and build the seam with make_seam('{residency}')"
+                   if kind == "cuda" else f"speculant has none for '{kind}' yet")
+        alternative = alternative or (f"adopt the value to the host explicitly with "
+                                      f"adopt(v, 'host') and run {op} there")
+        raise ResidencyError(
+            f"{op}: cannot run on residency '{residency}': {reason}; operands: "
+            f"{_operands(operands)}",
+            remedy=f"install and enable the implementation for that device ({install}), or "
+                   f"{alternative}")
+
+    def _same_residency(self, op: str, principal: Value, other: Value, principal_role: str,
+                        role: str) -> None:
+        """S4: operands on different residencies are refused, never staged."""
         if principal.residency != other.residency:
             raise ResidencyError(
-                f"{op}: operands straddle residencies: principal {principal.describe()}, "
+                f"{op}: operands straddle residencies: {principal_role} {principal.describe()}, "
                 f"{role} {other.describe()}",
-                remedy=(
-                    f"adopt the {role} into {principal.residency} first, or adopt the principal "
-                    f"to {other.residency} and run there"
-                ),
-            )
+                remedy=(f"adopt the {role} into {principal.residency} first "
+                        f"(adopt({role}, '{principal.residency}')), or adopt the "
+                        f"{principal_role} to {other.residency} and run {op} there"))
 
     @staticmethod
     def _empty(shape: Sequence[int], dtype: str, kind: str = "tensor") -> Value:
+        """S2: a zero-element result is a host value of the right shape and dtype."""
         return Value(np.zeros(tuple(shape), NUMPY_DTYPES[dtype]), HOST, dtype, owned=True,
                      kind=kind)  # type: ignore[arg-type]
 
     # -- operations -----------------------------------------------------------------------
     def slice_axis(self, v: Value, axis: int, start: int, length: int) -> Value:
+        return self._window("slice_axis", v, axis, start, length)
+
+    def last_along_axis(self, v: Value, axis: int) -> Value:
+        self._check_axis("last_along_axis", v, axis)
+        if v.shape[axis] == 0:
+            raise ContractError(f"last_along_axis: axis {axis} of {v.describe()} is empty",
+                                value=0, expected="extent >= 1")
+        return self._window("last_along_axis", v, axis, v.shape[axis] - 1, 1)
+
+    def truncate_axis(self, v: Value, axis: int, length: int) -> Value:
+        self._check_axis("truncate_axis", v, axis)
+        extent = v.shape[axis]
+        if length > extent or length < 0:
+            raise ContractError(
+                f"truncate_axis: length {length} outside [0, {extent}] (the extent of axis "
+                f"{axis} of {v.describe()})", value=length, expected=f"0 <= length <= {extent}")
+        if length == extent:  # v itself
+            if v.size:
+                self.backend_for("truncate_axis", v, "value")  # S3 even when nothing moves
+            return v
+        return self._window("truncate_axis", v, axis, 0, length)
+
+    @staticmethod
+    def _check_axis(op: str, v: Value, axis: int) -> None:
         if not 0 <= axis < v.rank:
-            raise ContractError(f"slice_axis: axis {axis} outside rank {v.rank} of {v.describe()}",
+            raise ContractError(f"{op}: axis {axis} outside rank {v.rank} of {v.describe()}",
                                 value=axis, expected=f"0 <= axis < {v.rank}")
+
+    def _window(self, op: str, v: Value, axis: int, start: int, length: int) -> Value:
+        """All narrowing: the window [start, start + length) of ``axis`` (residency.md §4)."""
+        self._check_axis(op, v, axis)
         extent = v.shape[axis]
         if start < 0 or length < 0 or start + length > extent:
             raise ContractError(
-                f"slice_axis: window [{start}, {start + length}) outside extent {extent} of axis "
-                f"{axis} of {v.describe()}",
-                value=(start, length), expected=f"0 <= start, 0 <= length, start + length <= {extent}")
+                f"{op}: window [{start}, {start + length}) (start {start}, length {length}) "
+                f"outside extent {extent} of axis {axis} of {v.describe()}",
+                value=(start, length),
+                expected=f"0 <= start, 0 <= length, start + length <= {extent}")
         shape = list(v.shape)
         shape[axis] = length
         if 0 in shape:
             return self._empty(shape, v.dtype, v.kind)
-        if start == 0 and length == extent:
-            return v
-        return self.backend_for("slice_axis", v).window(v, axis, start, length)
-
-    def last_along_axis(self, v: Value, axis: int) -> Value:
-        if 0 <= axis < v.rank and v.shape[axis] == 0:
-            raise ContractError(f"last_along_axis: axis {axis} of {v.describe()} is empty",
-                                value=0, expected="extent >= 1")
-        return self.slice_axis(v, axis, v.shape[axis] - 1 if 0 <= axis < v.rank else 0, 1)
-
-    def truncate_axis(self, v: Value, axis: int, length: int) -> Value:
-        if 0 <= axis < v.rank and length > v.shape[axis]:
-            raise ContractError(
-                f"truncate_axis: length {length} exceeds extent {v.shape[axis]} of axis {axis} "
-                f"of {v.describe()}", value=length, expected=f"<= {v.shape[axis]}")
-        return self.slice_axis(v, axis, 0, length)
+        backend = self.backend_for(op, v, "value")
+        if start == 0 and length == extent:  # the whole axis: a view of v
+            return Value(v.data, v.residency, v.dtype, owner=v, owned=False, kind=v.kind)
+        return backend.window(v, axis, start, length)
 
     def gather_rows(self, table: Value, ids: Sequence[int]) -> Value:
+        if isinstance(ids, Value):
+            raise ContractError(
+                f"gather_rows: ids must be a host sequence of ints (already read back), got the "
+                f"value {ids.describe()}", expected="read_token_ids(...) or a list of ints")
         if table.rank != 2:
             raise ContractError(f"gather_rows: table must be rank 2, got {table.describe()}",
                                 value=table.shape, expected="[R, W]")
+        try:
+            row_ids = [operator.index(i) for i in ids]
+        except TypeError as exc:
+            raise ContractError(f"gather_rows: ids {list(ids)!r} are not all integers",
+                                expected="integer row ids") from exc
         num_rows = table.shape[0]
-        bad = [i for i in ids if not 0 <= int(i) < num_rows]
+        bad = [i for i in row_ids if not 0 <= i < num_rows]
         if bad:
-            raise ContractError(f"gather_rows: ids {bad} outside [0, {num_rows}) of the table",
-                                value=bad, expected=f"0 <= id < {num_rows}")
-        if len(ids) == 0 or table.shape[1] == 0:
-            return self._empty((len(ids), table.shape[1]), table.dtype)
-        return self.backend_for("gather_rows", table).gather(table, [int(i) for i in ids])
+            raise ContractError(
+                f"gather_rows: ids {bad} outside [0, {num_rows}) of the table {table.describe()}",
+                value=bad, expected=f"0 <= id < {num_rows}")
+        if len(row_ids) == 0 or table.shape[1] == 0:
+            return self._empty((len(row_ids), table.shape[1]), table.dtype)
+        return self.backend_for("gather_rows", table, "table").gather(table, row_ids)
 
     def scatter_into_last_axis(self, dst: Value, src: Value, offset: int) -> Value:
-        self._same_residency("scatter_into_last_axis", dst, src, "source")
-        if not dst.owned:
-            raise ContractError(
-                f"scatter_into_last_axis: destination {dst.describe()} is not owned by speculant "
-                "(a component output or a view of one may alias a cell)",
-                expected="a buffer from zeros(), adopt() or a strided copy")
+        op = "scatter_into_last_axis"
+        self._same_residency(op, dst, src, "destination", "source")
+        if dst.rank == 0:
+            raise ContractError(f"{op}: destination {dst.describe()} has no last axis",
+                                value=dst.shape, expected="rank >= 1")
         if dst.dtype != src.dtype:
-            raise ContractError(f"scatter_into_last_axis: dtype {src.dtype} of the source differs "
-                                f"from {dst.dtype} of the destination", value=src.dtype,
-                                expected=dst.dtype)
+            raise ContractError(f"{op}: dtype {src.dtype} of the source {src.describe()} differs "
+                                f"from {dst.dtype} of the destination {dst.describe()}",
+                                value=src.dtype, expected=dst.dtype)
         width = src.shape[-1] if src.rank else 1
         src_rows = src.size // width if width else 0
-        dst_width = dst.shape[-1] if dst.rank else 1
+        dst_width = dst.shape[-1]
         dst_rows = dst.size // dst_width if dst_width else 0
         if src_rows not in (dst_rows, 1) or offset < 0 or offset + width > dst_width:
             raise ContractError(
-                f"scatter_into_last_axis: cannot write {src.describe()} at offset {offset} into "
-                f"{dst.describe()}", value=(src.shape, offset),
+                f"{op}: cannot write {src.describe()} (as [{src_rows}, {width}]) at offset "
+                f"{offset} into {dst.describe()} (as [{dst_rows}, {dst_width}])",
+                value=(src.shape, offset),
                 expected=f"rows {dst_rows} or 1, 0 <= offset, offset + {width} <= {dst_width}")
         if dst.size == 0 or src.size == 0:
             return dst
-        self.backend_for("scatter_into_last_axis", dst).scatter(dst, src, offset)
+        backend = self.backend_for(op, dst, "destination")
+        if not dst.owned:
+            raise ContractError(
+                f"{op}: destination {dst.describe()} is not owned by speculant "
+                "(a component output or a view of one may alias a cell)",
+                expected="a buffer from zeros(), adopt() or a strided copy")
+        if not dst.data.flags.c_contiguous:
+            raise ContractError(f"{op}: destination {dst.describe()} is not C-contiguous",
+                                expected="a C-contiguous owned buffer")
+        backend.scatter(dst, src, offset)
         return dst
 
     def zeros(self, shape: Sequence[int], dtype: str, residency: str) -> Value:
-        if 0 in shape:
-            return self._empty(shape, dtype)
-        probe = Value(None, residency, dtype)
-        if residency == HOST:
-            return self.host.zeros(shape, dtype, residency)
-        return self.backend_for("zeros", probe).zeros(shape, dtype, residency)
+        try:
+            dims = [operator.index(d) for d in shape]
+        except TypeError as exc:
+            raise ContractError(f"zeros: shape {list(shape)!r} is not a sequence of integers",
+                                expected="non-negative integer extents") from exc
+        if any(d < 0 for d in dims):
+            raise ContractError(f"zeros: shape {dims} has a negative extent", value=dims,
+                                expected="non-negative integer extents")
+        if dtype not in NUMPY_DTYPES:
+            raise ContractError(f"zeros: unknown dtype {dtype!r}", value=dtype,
+                                expected=f"one of {sorted(NUMPY_DTYPES)}")
+        _check_residency("zeros", residency)
+        if 0 in dims:
+            return self._empty(dims, dtype)
+        backend = self._backend_for_residency(
+            "zeros", residency, [("requested buffer", _requested(dims, dtype, residency))],
+            "allocate it on the host with zeros(shape, dtype, 'host') and run its consumers there")
+        return backend.zeros(dims, dtype, residency)
 
     def argmax_rows(self, x: Value) -> Value:
         if x.dtype not in FLOAT_DTYPES:
@@ -154,24 +283,36 @@ class TensorSeam:
                                 value=x.shape, expected="last extent >= 1")
         if x.size == 0:
             return self._empty((0,), "int32", "token_ids")
-        return self.backend_for("argmax_rows", x).argmax(x)
+        return self.backend_for("argmax_rows", x, "scores").argmax(x)
 
     def adopt(self, v: Value, residency: str) -> Value:
+        _check_residency("adopt", residency)
         if v.residency == residency:
             return v
         if v.size == 0:
             return self._empty(v.shape, v.dtype, v.kind)
+        operands = [("value", v.describe()), ("target", f"residency {residency}")]
+        source = self._backend_for_residency(
+            "adopt", v.residency, operands,
+            "produce the value on the host in the first place (run its producer there)")
         if residency == HOST:  # device -> host: the only read-back path
-            array = self.backend_for("adopt", v).download(v)
+            array = source.download(v)
             self.counters.device_readback_bytes += int(array.nbytes)
             if v.kind != "token_ids":
                 self.counters.host_staging_count += 1
             return Value(array, HOST, v.dtype, owned=True, kind=v.kind)
-        target = self.backend_for("adopt", Value(None, residency, v.dtype))
+        target = self._backend_for_residency(
+            "adopt", residency, operands, f"keep the value on {v.residency} and run its "
+            f"consumers there")
         if v.residency == HOST:
             self.counters.uploads += 1
             return target.upload(v, residency)
-        self.backend_for("adopt", v)  # the source device must have an implementation too
+        if device_kind(v.residency) != device_kind(residency):
+            raise ResidencyError(
+                f"adopt: no direct path from {v.residency} to {residency}; operands: "
+                f"{_operands(operands)}",
+                remedy=(f"adopt the value to the host first and then into {residency}, or run "
+                        f"the consumer on {v.residency}"))
         return target.peer_copy(v, residency)
 
     # -- token ids ------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +29,16 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 }
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def window_is_view(shape: Sequence[int], axis: int, length: int) -> bool:
+    """Whether the window ``length`` of ``axis`` is a view (residency.md §4, "Views and copies").
+
+    True exactly when the extents before ``axis`` multiply to 1 (the window is one contiguous
+    range of the storage) or the window is the whole axis; any other window is strided and is
+    assembled into an owned contiguous copy.
+    """
+    return math.prod(shape[:axis]) == 1 or length == shape[axis]
 
 
 def dtype_of_numpy(array_dtype: np.dtype) -> str:
