@@ -1,0 +1,352 @@
+"""The CUDA backend (CuPy): every seam operation on ``cuda:N``, byte for byte like the host.
+
+Importing this module never imports CuPy; constructing :class:`CudaBackend` does, and raises
+:class:`~speculant.errors.ResidencyError` naming what to install when CuPy, a GPU or the
+ordinal is missing. The seam (:mod:`speculant.tensors.seam`) validates every argument before
+a method here runs, so these methods only compute.
+
+**Streams (residency.md §8).** One non-blocking CuPy stream per device; every kernel and copy
+below is issued under ``with Device(N), stream:``. ``stream.ptr`` is the handle CUDA sessions
+get as ORT's ``user_compute_stream`` (:meth:`CudaBackend.provider_options`), so provider
+kernels and seam work run in issue order. In ``ordering="fence"`` mode (for when that option
+is unavailable) every write batch ends with ``stream.synchronize()``, counted in
+``counters.fences``; a write outside :meth:`CudaBackend.write_batch` is a batch of its own.
+Writes are: strided window copies, gathers, scatters, ``zeros``, uploads and peer copies.
+``argmax`` is not: its result is only ever read back by :meth:`download`, which waits for the
+stream anyway.
+
+**Counting allocator (residency.md §9).** Every buffer speculant owns is allocated here, by
+:meth:`CudaBackend._allocate`: a block from ``cupy.cuda.alloc`` (CuPy's current allocator,
+normally its stream-aware pool, so it is reused in stream order) is re-wrapped as
+``cupy.cuda.UnownedMemory`` whose owner is a small ``_Allocation`` record, and
+``weakref.finalize`` on that record takes the buffer off ``live_device_allocations`` /
+``live_device_bytes`` when the last array or view over it is gone (the pooled block goes back
+to the pool at the same moment). This counts exactly the speculant-owned buffers that are
+alive. The alternatives count the wrong thing: ``cupy.cuda.set_allocator`` and
+``cupy.cuda.MemoryHook`` are process-wide, so they would also count CuPy temporaries (the
+reductions inside ``argmax``), everyone else's CuPy arrays and pool-level frees rather than
+buffer lifetimes. ORT outputs wrapped without a copy (``owned=False``) are ORT's arena and are
+not counted, nor are CuPy's cached free blocks.
+
+**bfloat16** is stored as ``uint16`` words; only ``argmax`` interprets it, by placing the 16
+bits in the top half of a float32 (exact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import weakref
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from speculant.errors import ContractError, ResidencyError
+from speculant.tensors.ops import ResidencyCounters
+from speculant.tensors.value import NUMPY_DTYPES, Value, window_is_view
+
+INSTALL_CUDA = "pip install 'speculant[cuda]'"
+ORDERINGS = ("shared_stream", "fence")
+
+# True while CudaBackend.download runs: the one device->host path (see transfer_guard.py).
+_IN_DOWNLOAD: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "speculant_in_seam_download", default=False)
+
+
+def in_seam_download() -> bool:
+    """Whether the current call stack is inside the seam's ``download`` (adopt to host)."""
+    return _IN_DOWNLOAD.get()
+
+
+def storage_dtype(dtype: str) -> np.dtype:
+    """The CuPy storage dtype of a metadata dtype (bfloat16 as uint16 words)."""
+    return np.dtype(np.uint16) if dtype == "bfloat16" else NUMPY_DTYPES[dtype]
+
+
+def cuda_ordinal(residency: str) -> int:
+    """``N`` of ``cuda:N``."""
+    kind, _, ordinal = residency.partition(":")
+    if kind != "cuda" or not ordinal.isdigit():
+        raise ContractError(f"residency {residency!r} is not a CUDA residency",
+                            value=residency, expected="'cuda:N'")
+    return int(ordinal)
+
+
+def import_cupy(residency: str = "cuda") -> ModuleType:
+    """CuPy, or a ResidencyError that says what to install."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ResidencyError(
+            f"residency '{residency}' needs CuPy, which cannot be imported ({exc})",
+            value=residency,
+            remedy=f"{INSTALL_CUDA} (CuPy for CUDA 13 and onnxruntime-gpu), or load with "
+                   "device='cpu'") from exc
+    return cupy
+
+
+def cuda_device_count(cupy: ModuleType) -> tuple[int, str]:
+    """How many CUDA devices CuPy sees, and why none when it sees none."""
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except (RuntimeError, OSError) as exc:  # CUDARuntimeError: no driver, no device
+        return 0, str(exc)
+    return count, "" if count else "the CUDA runtime reports 0 devices"
+
+
+class _Allocation:
+    """Owner record of one counted device buffer (see the module docstring)."""
+
+    __slots__ = ("block", "__weakref__")
+
+    def __init__(self, block: Any) -> None:
+        self.block = block  # cupy.cuda.MemoryPointer from the pool
+
+
+def _release(counters: ResidencyCounters, num_bytes: int) -> None:
+    counters.live_device_allocations -= 1
+    counters.live_device_bytes -= num_bytes
+
+
+class CudaBackend:
+    """CuPy implementations of the seam operations for ``cuda:N`` values.
+
+    ``ordinal`` is the device this runtime executes on (its stream is created at once);
+    values on other visible ordinals are served too, each under its own stream.
+    ``ordering`` is ``"shared_stream"`` (default: sessions share :attr:`stream`, no fences) or
+    ``"fence"`` (every write batch ends with a counted ``stream.synchronize()``).
+    """
+
+    device_kind = "cuda"
+
+    def __init__(self, ordinal: int = 0, *, ordering: str = "shared_stream") -> None:
+        residency = f"cuda:{ordinal}"
+        if ordering not in ORDERINGS:
+            raise ContractError(f"ordering {ordering!r} is not one of {ORDERINGS}",
+                                value=ordering, expected=" or ".join(ORDERINGS))
+        self._cp = import_cupy(residency)
+        self.num_devices, why = cuda_device_count(self._cp)
+        if self.num_devices == 0:
+            raise ResidencyError(
+                f"residency '{residency}' (ordinal {ordinal}) is unusable: no CUDA device is "
+                f"visible ({why})", value=residency,
+                remedy="run on a machine with an NVIDIA GPU and driver (check nvidia-smi and "
+                       f"CUDA_VISIBLE_DEVICES; {INSTALL_CUDA}), or load with device='cpu'")
+        if not 0 <= ordinal < self.num_devices:
+            raise ResidencyError(
+                f"residency '{residency}': there is no CUDA device with ordinal {ordinal}; this "
+                f"machine has {self.num_devices} (ordinals 0..{self.num_devices - 1})",
+                value=ordinal, expected=f"0 <= ordinal < {self.num_devices}",
+                remedy=f"load with device='cuda:N' for N < {self.num_devices}, or with "
+                       "device='cpu'")
+        self.ordinal = ordinal
+        self.residency = residency
+        self.ordering = ordering
+        self.counters = ResidencyCounters()  # replaced by the seam's own
+        self._streams: dict[int, Any] = {}
+        self._batch_depth = 0
+        self._pending_fences: set[int] = set()
+        self.stream_for(residency)
+
+    # -- streams and ordering ---------------------------------------------------------------
+    @property
+    def stream(self) -> Any:
+        """The non-blocking ``cupy.cuda.Stream`` of :attr:`ordinal` (handle: ``stream.ptr``)."""
+        return self._streams[self.ordinal]
+
+    def stream_for(self, residency: str) -> Any:
+        """The stream of the device of ``residency`` (created on first use)."""
+        ordinal = cuda_ordinal(residency)
+        stream = self._streams.get(ordinal)
+        if stream is None:
+            with self._cp.cuda.Device(ordinal):
+                stream = self._cp.cuda.Stream(non_blocking=True)
+            self._streams[ordinal] = stream
+        return stream
+
+    def unsupported_reason(self, residency: str) -> str | None:
+        """Why this backend cannot serve ``residency``, or None when it can."""
+        kind, _, ordinal = residency.partition(":")
+        if kind != "cuda" or not ordinal.isdigit():
+            return f"'{residency}' is not a CUDA residency"
+        if int(ordinal) >= self.num_devices:
+            return (f"there is no CUDA device with ordinal {ordinal} (this machine has "
+                    f"{self.num_devices}: ordinals 0..{self.num_devices - 1})")
+        return None
+
+    @contextlib.contextmanager
+    def _on(self, ordinal: int) -> Iterator[Any]:
+        """Make device ``ordinal`` and its stream current; yields the stream."""
+        stream = self.stream_for(f"cuda:{ordinal}")
+        with self._cp.cuda.Device(ordinal), stream:
+            yield stream
+
+    @contextlib.contextmanager
+    def write_batch(self) -> Iterator[None]:
+        """Writes issued inside end with one fence per device written (``fence`` mode only)."""
+        self._batch_depth += 1
+        try:
+            yield
+        finally:
+            self._batch_depth -= 1
+            if self._batch_depth == 0:
+                pending, self._pending_fences = self._pending_fences, set()
+                for ordinal in sorted(pending):
+                    self._fence(ordinal)
+
+    def _wrote(self, ordinal: int) -> None:
+        if self.ordering != "fence":
+            return
+        if self._batch_depth:
+            self._pending_fences.add(ordinal)
+        else:
+            self._fence(ordinal)
+
+    def _fence(self, ordinal: int) -> None:
+        self._streams[ordinal].synchronize()
+        self.counters.fences += 1
+
+    # -- the counting allocator -------------------------------------------------------------
+    def _allocate(self, ordinal: int, shape: Sequence[int], dtype: np.dtype) -> Any:
+        """A new owned, counted, uninitialized C-contiguous array (call under ``_on``)."""
+        cp = self._cp
+        num_bytes = math.prod(shape) * np.dtype(dtype).itemsize
+        record = _Allocation(cp.cuda.alloc(num_bytes))
+        counters = self.counters
+        counters.live_device_allocations += 1
+        counters.live_device_bytes += num_bytes
+        weakref.finalize(record, _release, counters, num_bytes).atexit = False
+        memory = cp.cuda.UnownedMemory(record.block.ptr, num_bytes, record, ordinal)
+        return cp.ndarray(tuple(shape), dtype, memptr=cp.cuda.MemoryPointer(memory, 0))
+
+    # -- operations (arguments already validated by the seam) --------------------------------
+    def window(self, v: Value, axis: int, start: int, length: int) -> Value:
+        ordinal = cuda_ordinal(v.residency)
+        index: list[slice] = [slice(None)] * v.rank
+        index[axis] = slice(start, start + length)
+        with self._on(ordinal):
+            part = v.data[tuple(index)]  # a CuPy view, no bytes move
+            if window_is_view(v.shape, axis, length):
+                return Value(part, v.residency, v.dtype, owner=v, owned=False, kind=v.kind)
+            out = self._allocate(ordinal, part.shape, v.data.dtype)
+            self._cp.copyto(out, part)  # one device-to-device copy kernel on the stream
+            self._wrote(ordinal)
+        return Value(out, v.residency, v.dtype, owned=True, kind=v.kind)
+
+    def gather(self, table: Value, ids: Sequence[int]) -> Value:
+        ordinal = cuda_ordinal(table.residency)
+        row_bytes = table.shape[1] * table.data.dtype.itemsize
+        with self._on(ordinal) as stream:
+            out = self._allocate(ordinal, (len(ids), table.shape[1]), table.data.dtype)
+            for j, row in enumerate(ids):  # one device-to-device copy per row; no host bytes
+                (out.data + j * row_bytes).copy_from_device_async(
+                    table.data.data + row * row_bytes, row_bytes, stream)
+            self._wrote(ordinal)
+        return Value(out, table.residency, table.dtype, owned=True)
+
+    def scatter(self, dst: Value, src: Value, offset: int) -> None:
+        ordinal = cuda_ordinal(dst.residency)
+        width = src.shape[-1] if src.rank else 1
+        with self._on(ordinal):
+            dst_rows = dst.data.reshape(-1, dst.shape[-1])  # [R, D] view of dst
+            src_rows = src.data.reshape(-1, width)  # [r, w]
+            if _overlaps(src.data, dst.data):
+                src_rows = src_rows.copy()  # copy-first: src aliases dst
+            dst_rows[:, offset : offset + width] = src_rows
+            self._wrote(ordinal)
+
+    def zeros(self, shape: Sequence[int], dtype: str, residency: str) -> Value:
+        ordinal = cuda_ordinal(residency)
+        with self._on(ordinal) as stream:
+            out = self._allocate(ordinal, shape, storage_dtype(dtype))
+            out.data.memset_async(0, out.nbytes, stream)
+            self._wrote(ordinal)
+        return Value(out, residency, dtype, owned=True)
+
+    def argmax(self, x: Value) -> Value:
+        """runtime.md §7 exactly as residency.md §5 writes it; no library argmax on scores."""
+        cp = self._cp
+        ordinal = cuda_ordinal(x.residency)
+        width = x.shape[-1]
+        with self._on(ordinal):
+            rows = x.data.reshape(-1, width)  # [R, V] storage dtype
+            if x.dtype == "bfloat16":  # the 16 bits in the top half of a float32
+                wide = cp.left_shift(rows.astype(cp.uint32), cp.uint32(16)).view(cp.float32)
+            else:
+                wide = rows.astype(cp.float32, copy=False)  # [R, V] float32, exact
+            is_nan = cp.isnan(wide)
+            key = cp.where(is_nan, cp.float32(-np.inf), wide)  # [R, V] float32, no NaN
+            row_max = key.max(axis=1, keepdims=True)  # [R, 1]
+            hit = (key == row_max) & ~is_nan  # [R, V] bool
+            columns = cp.arange(width, dtype=cp.int32)  # [V]
+            first = cp.where(hit, columns, cp.int32(width)).min(axis=1)  # [R]; V when no hit
+            out = self._allocate(ordinal, (rows.shape[0],), np.dtype(np.int32))
+            cp.copyto(out, cp.where(first < width, first, cp.int32(0)))
+        return Value(out, x.residency, "int32", owned=True, kind="token_ids")
+
+    # -- crossings (the seam counts them) ----------------------------------------------------
+    def download(self, v: Value) -> np.ndarray:
+        """The only device -> host path: a blocking copy on the value's stream."""
+        ordinal = cuda_ordinal(v.residency)
+        token = _IN_DOWNLOAD.set(True)
+        try:
+            with self._on(ordinal) as stream:
+                array = v.data.get(stream=stream)  # waits for the stream, then the copy
+        finally:
+            _IN_DOWNLOAD.reset(token)
+        return np.ascontiguousarray(array).view(NUMPY_DTYPES[v.dtype])
+
+    def upload(self, v: Value, residency: str) -> Value:
+        ordinal = cuda_ordinal(residency)
+        words = np.ascontiguousarray(v.data).view(storage_dtype(v.dtype))
+        with self._on(ordinal) as stream:
+            out = self._allocate(ordinal, v.shape, words.dtype)
+            out.set(words, stream=stream)
+            self._wrote(ordinal)
+        return Value(out, residency, v.dtype, owned=True, kind=v.kind)
+
+    def peer_copy(self, v: Value, residency: str) -> Value:
+        source, target = cuda_ordinal(v.residency), cuda_ordinal(residency)
+        with self._on(source) as source_stream:
+            produced = source_stream.record()  # v is complete on its own stream here
+        with self._on(target) as stream:
+            stream.wait_event(produced)
+            out = self._allocate(target, v.shape, v.data.dtype)
+            out.data.copy_from_device_async(v.data.data, v.nbytes, stream)
+            copied = stream.record()
+            self._wrote(target)
+        with self._on(source) as source_stream:
+            source_stream.wait_event(copied)  # v's block is not reused before the copy ends
+        return Value(out, residency, v.dtype, owned=True, kind=v.kind)
+
+    # -- ONNX Runtime interop (residency.md §6; see cuda_interop.py) --------------------------
+    def provider_options(self, ordinal: int) -> dict[str, str]:
+        from speculant.tensors.cuda_interop import stream_provider_options
+
+        return stream_provider_options(self, f"cuda:{ordinal}")
+
+    def bind_input(self, binding: Any, name: str, value: Value) -> None:
+        from speculant.tensors.cuda_interop import bind_device_input
+
+        bind_device_input(binding, name, value)
+
+    def bind_output(self, binding: Any, name: str, residency: str,
+                    value: Value | None = None) -> None:
+        from speculant.tensors.cuda_interop import bind_device_output
+
+        bind_device_output(binding, name, residency, value)
+
+    def wrap_output(self, ort_value: Any, dtype: str | None, residency: str) -> Value:
+        from speculant.tensors.cuda_interop import wrap_ort_output
+
+        with self._on(cuda_ordinal(residency)):
+            return wrap_ort_output(ort_value, residency, dtype)
+
+
+def _overlaps(a: Any, b: Any) -> bool:
+    """Whether two C-contiguous CuPy arrays share any byte."""
+    a_start, b_start = int(a.data.ptr), int(b.data.ptr)
+    return a_start < b_start + b.nbytes and b_start < a_start + a.nbytes
