@@ -36,8 +36,12 @@ def find_metadata(root: Path) -> Path:
 
 
 # -- parsing ------------------------------------------------------------------------------
-class StrictSafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a mapping with the same key twice."""
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when present
+
+
+class StrictSafeLoader(_SafeLoader):  # type: ignore[misc, valid-type]
+    """``yaml.SafeLoader`` (on libyaml's parser when available) that refuses a mapping with
+    the same key twice."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}
@@ -79,14 +83,27 @@ def parse_text(text: str, file: str, *, is_json: bool) -> dict[str, Any]:
         else:
             data = yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506 (a SafeLoader)
     except (yaml.YAMLError, ValueError) as exc:
-        kind = "duplicate key" if "duplicate key" in str(exc) else "parse error"
-        raise MetadataError(f"{kind}: {exc}", file=file,
-                            expected="JSON" if is_json else "YAML without duplicate keys") \
-            from None
+        raise MetadataError(_parse_message(exc), file=file,
+                            expected="valid JSON" if is_json else "valid YAML") from None
     if not isinstance(data, dict):
         raise MetadataError("the document root is not a mapping", file=file,
                             value=type(data).__name__, expected="a mapping")
     return data
+
+
+def _parse_message(exc: Exception) -> str:
+    """"duplicate key 'a' (first defined on line 1) at line 2, column 1" rather than
+    PyYAML's multi-line report."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        where = exc.problem_mark or exc.context_mark
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        kind = "" if exc.problem.startswith("found duplicate key") else "parse error: "
+        context = f" ({exc.context})" if exc.context and kind else ""
+        return f"{kind}{exc.problem.removeprefix('found ')}{at}{context}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"parse error: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+    text = str(exc)
+    return text if text.startswith("duplicate key") else f"parse error: {text}"
 
 
 # -- typing -------------------------------------------------------------------------------

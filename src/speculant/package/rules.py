@@ -76,7 +76,9 @@ def incompatibility(have: TensorContract, want: TensorContract) -> str | None:
 
 
 def describe(contract: TensorContract) -> str:
-    return f"{contract.dtype}{contract.dims}"
+    """``float16[batch, sequence, 32]`` (``?`` for an unknown extent)."""
+    dims = ", ".join("?" if d is None else str(d) for d in contract.dims)
+    return f"{contract.dtype}[{dims}]"
 
 
 def last_extent(contract: TensorContract | None) -> int | None:
