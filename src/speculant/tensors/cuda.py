@@ -294,14 +294,15 @@ class CudaBackend:
         token = _IN_DOWNLOAD.set(True)
         try:
             with self._on(ordinal) as stream:
-                array = v.data.get(stream=stream)  # waits for the stream, then the copy
+                array = v.data.get(stream=stream)  # in stream order, after every write
+                stream.synchronize()  # blocking on every CuPy release, not only recent ones
         finally:
             _IN_DOWNLOAD.reset(token)
-        return np.ascontiguousarray(array).view(NUMPY_DTYPES[v.dtype])
+        return np.asarray(array, order="C").view(NUMPY_DTYPES[v.dtype])
 
     def upload(self, v: Value, residency: str) -> Value:
         ordinal = cuda_ordinal(residency)
-        words = np.ascontiguousarray(v.data).view(storage_dtype(v.dtype))
+        words = np.asarray(v.data, order="C").view(storage_dtype(v.dtype))
         with self._on(ordinal) as stream:
             out = self._allocate(ordinal, v.shape, words.dtype)
             out.set(words, stream=stream)

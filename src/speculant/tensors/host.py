@@ -31,7 +31,7 @@ def widen_rows(x: Value) -> np.ndarray:
     """``x`` as ``[R, V]`` float32 rows, widened exactly (residency.md §4, "bfloat16")."""
     rows = x.data.reshape(-1, x.shape[-1])  # [R, V] x.dtype
     if x.dtype == "bfloat16":
-        return widen_bfloat16_bits(np.ascontiguousarray(rows))
+        return widen_bfloat16_bits(np.asarray(rows, order="C"))
     return rows.astype(np.float32)
 
 
@@ -46,11 +46,11 @@ class HostBackend:
         window = v.data[tuple(index)]
         if window_is_view(v.shape, axis, length):
             return Value(window, HOST, v.dtype, owner=v, owned=False, kind=v.kind)
-        return Value(np.ascontiguousarray(window), HOST, v.dtype, owned=True, kind=v.kind)
+        return Value(np.asarray(window, order="C"), HOST, v.dtype, owned=True, kind=v.kind)
 
     def gather(self, table: Value, ids: Sequence[int]) -> Value:
         rows = table.data[np.asarray(ids, dtype=np.int64)]  # [n, W] table dtype (a copy)
-        return Value(np.ascontiguousarray(rows), HOST, table.dtype, owned=True)
+        return Value(np.asarray(rows, order="C"), HOST, table.dtype, owned=True)
 
     def scatter(self, dst: Value, src: Value, offset: int) -> None:
         width = src.shape[-1] if src.rank else 1

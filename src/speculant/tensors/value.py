@@ -93,5 +93,5 @@ class Value:
     @classmethod
     def host(cls, array: np.ndarray, dtype: str | None = None, *, owned: bool = True) -> Value:
         """Wrap a host array (made C-contiguous) as a host value."""
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")
         return cls(array, HOST, dtype or dtype_of_numpy(array.dtype), owned=owned)
