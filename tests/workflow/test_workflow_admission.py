@@ -286,7 +286,8 @@ def test_empty_prompt(decoder_engine, passes, prompt):
     assert passes == []
 
 
-@pytest.mark.xfail(strict=True, reason="a prompt of two rows raises TypeError from "
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="a prompt of two rows raises TypeError from "
                    "Engine.request (int() of a row), not RequestError (runtime.md §2.4)")
 @pytest.mark.parametrize("prompt", [[[2, 3], [4, 5]], np.array([[2, 3], [4, 5]])],
                          ids=["lists", "array"])
