@@ -19,7 +19,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Speculative decoding for ONNX inference packages.")
 metadata_app = typer.Typer(no_args_is_help=True, help="Tools for inference_metadata documents.")
 app.add_typer(metadata_app, name="metadata")
-stderr = Console(stderr=True)
+stderr = Console(stderr=True, soft_wrap=True)
 
 
 def demo_package() -> Path:
@@ -152,8 +152,10 @@ def name_axes_command(
     """Rename sequence-like axes called `sequence` by what they are."""
     from speculant.package.name_axes import name_axes
 
-    path = package / "inference_metadata.yaml" if package.is_dir() else package
+    from speculant.package.document import find_metadata
+
     try:
+        path = find_metadata(package) if package.is_dir() else package
         report = name_axes(path, write=not dry_run)
     except SpeculantError as error:
         fail(error)
