@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import onnxruntime as ort
+
+try:
+    import onnxruntime as ort
+except ImportError:  # neither flavour installed: refused with a typed error at load
+    ort = None
 
 from speculant.errors import AdmissionError, ContractError, ResidencyError
 from speculant.package.model import Ports
@@ -27,6 +31,11 @@ ORT_TYPES = {
 
 def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
     """The execution provider list for ``device`` ("host" or "cuda:N"); never a fallback."""
+    if ort is None:
+        raise ResidencyError(
+            "ONNX Runtime is not installed", value=device,
+            remedy="install one flavour: pip install 'speculant[cpu]' (onnxruntime) or "
+            "pip install 'speculant[cuda]' (onnxruntime-gpu and CuPy)")
     available = ort.get_available_providers()
     if device == HOST:
         return ["CPUExecutionProvider"]
@@ -36,6 +45,8 @@ def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
             f"build offers only {available}", value=device,
             remedy="install the GPU build: pip install 'speculant[cuda]' (which installs "
             "onnxruntime-gpu instead of onnxruntime), or load with device='cpu'")
+    if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia wheels, once
+        ort.preload_dlls()
     backend = seam.device_backends["cuda"]
     ordinal = int(device.split(":")[1]) if ":" in device else 0
     options = {"device_id": str(ordinal), "use_tf32": "1" if use_tf32 else "0"}
@@ -103,7 +114,7 @@ class ComponentSession:
         return result
 
     # -- binding --------------------------------------------------------------------------
-    def _bind_input(self, binding: ort.IOBinding, port: str, value: Value) -> None:
+    def _bind_input(self, binding: "ort.IOBinding", port: str, value: Value) -> None:
         if value.residency == HOST:
             binding.bind_cpu_input(port, value.data)  # ORT uploads it: an upload, not a read
             return
@@ -115,13 +126,13 @@ class ComponentSession:
                 f"{value.residency}")
         self.seam.device_backends["cuda"].bind_input(binding, port, value)
 
-    def _bind_output(self, binding: ort.IOBinding, port: str) -> None:
+    def _bind_output(self, binding: "ort.IOBinding", port: str) -> None:
         if self.device == HOST:
             binding.bind_output(port, "cpu")
         else:
             self.seam.device_backends["cuda"].bind_output(binding, port, self.device)
 
-    def _adopt_output(self, port: str, ort_value: ort.OrtValue) -> Value:
+    def _adopt_output(self, port: str, ort_value: "ort.OrtValue") -> Value:
         dtype = self.output_dtypes[port]
         if self.device == HOST:
             array = np.ascontiguousarray(ort_value.numpy())  # host memory already: no crossing
