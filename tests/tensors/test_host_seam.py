@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
+pytest.importorskip("hypothesis", reason="the host seam properties need hypothesis (dev group)")
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp

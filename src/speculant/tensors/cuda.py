@@ -5,11 +5,12 @@ Importing this module never imports CuPy; constructing :class:`CudaBackend` does
 ordinal is missing. The seam (:mod:`speculant.tensors.seam`) validates every argument before
 a method here runs, so these methods only compute.
 
-**Streams (residency.md §8).** One non-blocking CuPy stream per device; every kernel and copy
-below is issued under ``with Device(N), stream:``. ``stream.ptr`` is the handle CUDA sessions
-get as ORT's ``user_compute_stream`` (:meth:`CudaBackend.provider_options`), so provider
-kernels and seam work run in issue order. In ``ordering="fence"`` mode (for when that option
-is unavailable) every write batch ends with ``stream.synchronize()``, counted in
+**Streams (residency.md §8).** One non-blocking CuPy stream per device, shared by every
+backend in the process (two seams on one device stay ordered with each other); every kernel
+and copy below is issued under ``with Device(N), stream:``. ``stream.ptr`` is the handle
+CUDA sessions get as ORT's ``user_compute_stream`` (:meth:`CudaBackend.provider_options`), so
+provider kernels and seam work run in issue order. In ``ordering="fence"`` mode (for when
+that option is unavailable) every write batch ends with ``stream.synchronize()``, counted in
 ``counters.fences``; a write outside :meth:`CudaBackend.write_batch` is a batch of its own.
 Writes are: strided window copies, gathers, scatters, ``zeros``, uploads and peer copies.
 ``argmax`` is not: its result is only ever read back by :meth:`download`, which waits for the
@@ -54,6 +55,10 @@ ORDERINGS = ("shared_stream", "fence")
 # True while CudaBackend.download runs: the one device->host path (see transfer_guard.py).
 _IN_DOWNLOAD: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "speculant_in_seam_download", default=False)
+
+
+# Device ordinal -> its non-blocking cupy.cuda.Stream: one per device per process.
+_DEVICE_STREAMS: dict[int, Any] = {}
 
 
 def in_seam_download() -> bool:
@@ -146,7 +151,6 @@ class CudaBackend:
         self.residency = residency
         self.ordering = ordering
         self.counters = ResidencyCounters()  # replaced by the seam's own
-        self._streams: dict[int, Any] = {}
         self._batch_depth = 0
         self._pending_fences: set[int] = set()
         self.stream_for(residency)
@@ -155,16 +159,16 @@ class CudaBackend:
     @property
     def stream(self) -> Any:
         """The non-blocking ``cupy.cuda.Stream`` of :attr:`ordinal` (handle: ``stream.ptr``)."""
-        return self._streams[self.ordinal]
+        return self.stream_for(self.residency)
 
     def stream_for(self, residency: str) -> Any:
-        """The stream of the device of ``residency`` (created on first use)."""
+        """The stream of the device of ``residency`` (created on first use, once per process)."""
         ordinal = cuda_ordinal(residency)
-        stream = self._streams.get(ordinal)
+        stream = _DEVICE_STREAMS.get(ordinal)
         if stream is None:
             with self._cp.cuda.Device(ordinal):
-                stream = self._cp.cuda.Stream(non_blocking=True)
-            self._streams[ordinal] = stream
+                stream = _DEVICE_STREAMS.setdefault(
+                    ordinal, self._cp.cuda.Stream(non_blocking=True))
         return stream
 
     def unsupported_reason(self, residency: str) -> str | None:
@@ -206,7 +210,7 @@ class CudaBackend:
             self._fence(ordinal)
 
     def _fence(self, ordinal: int) -> None:
-        self._streams[ordinal].synchronize()
+        self.stream_for(f"cuda:{ordinal}").synchronize()
         self.counters.fences += 1
 
     # -- the counting allocator -------------------------------------------------------------
