@@ -214,3 +214,15 @@ def test_subset_vocabulary_width(tmp_path: Path) -> None:
     error = admission_error(write_package(tmp_path, doc, graphs=graphs))
     problem = problem_at(error, "speculative.vocabulary.proposer_vocab_size")
     assert "are 28 wide but proposer_vocab_size is 24" in problem.message
+
+
+def test_subset_vocabulary_wider_than_the_target(tmp_path: Path) -> None:
+    doc = setv(base("chained"), "speculative.vocabulary",
+               {"kind": "subset", "proposer_vocab_size": 40})
+    logits = {"dtype": "float16", "rank": 3, "shape": ["batch", "sequence", 40]}
+    graphs = {"assistant": build_graph(doc, "assistant", retype={"logits": logits}),
+              "target": target_graph(doc, initializers={
+                  "model.embed_tokens.weight": np.zeros((48, 16), np.float16)})}
+    error = admission_error(write_package(tmp_path, doc, graphs=graphs))
+    problem = problem_at(error, "speculative.vocabulary.proposer_vocab_size")
+    assert "proposer vocabulary 40 exceeds the target's 32" in problem.message

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from package_builders import WF, base, mutated, rename_symbol, write_package
+from package_builders import WF, at, base, mutated, rename_symbol, write_package
 
 from speculant.errors import MetadataError, UnsupportedError
 from speculant.package import load_metadata_only, load_package
@@ -123,12 +123,16 @@ CASES = [
      [("set", f"{WF}.inputs.package.max_context.contract.batch_layout", {"kind": "token_packed"})],
      f"{WF}.inputs.package.max_context.contract.batch_layout.kind"),
     ("float8 on a bound port", "greedy",
-     [("set", f"{WF}.components.decoder.ports.outputs.logits.dtype", "float8_e4m3fn")],
+     [("set", f"{WF}.components.decoder.ports.outputs.logits.dtype", "float8_e4m3fn"),
+      ("set", f"{WF}.outputs.logits.contract.dtype", "float8_e4m3fn")],
      f"{WF}.components.decoder.ports.outputs.logits.dtype"),
     ("adapter implementation", "greedy",
      [("set", f"{WF}.components.decoder.implementation",
        {"kind": "adapter", "abi": "x", "version": "1"})],
      f"{WF}.components.decoder.implementation.kind"),
+    ("inferred ports", "greedy",
+     [("set", f"{WF}.components.decoder.ports", {"inputs": {}, "outputs": {}})],
+     f"{WF}.components.decoder.ports"),
     ("application_overridable", "greedy",
      [("set", f"{WF}.components.decoder.application_overridable", True)],
      f"{WF}.components.decoder.application_overridable"),
@@ -156,7 +160,10 @@ CASES = [
      f"{WF}.steps.2.value"),
     ("a second target invoke", "greedy",
      [("set", f"{WF}.steps.2", {"kind": "invoke", "component": "decoder",
-                                "inputs": {}, "outputs": {}})], f"{WF}.steps"),
+                                "inputs": at(base("greedy"), f"{WF}.steps.0.inputs"),
+                                "outputs": {port: f"again.{port}" for port in
+                                            at(base("greedy"), f"{WF}.steps.0.outputs")}})],
+     f"{WF}.steps"),
     ("no proposer invoke", "chained", [("del", f"{WF}.steps.1")], f"{WF}.steps"),
     ("a third component", "chained",
      [("set", f"{WF}.components.critic", {"implementation": {"kind": "onnx",
@@ -184,18 +191,27 @@ CASES = [
     ("chained without folded carry", "chained",
      [("del", f"{PE}.folded_carry_output")], f"{PE}.folded_carry_output"),
     ("target does not bind the seed output", "chained",
-     [("del", f"{WF}.steps.0.outputs.hidden_states")], f"{WF}.steps.0.outputs.hidden_states"),
+     [("set", f"{WF}.components.target.ports.outputs.hidden_states.optional", True),
+      ("del", f"{WF}.steps.0.outputs.hidden_states")], f"{WF}.steps.0.outputs.hidden_states"),
     ("target cell missing from rollback_state", "chained",
      [("set", "speculative.rollback_state", ["kv.sliding.key", "kv.sliding.value",
                                              "kv.full.key"])], "speculative.rollback_state"),
 ]
 
 
+# No valid document can show these alone: without a pipeline nothing else is checked, and
+# the only values that are not workflow inputs are invoke outputs of non-bool dtypes.
+ALSO_INVALID = {"pipeline", f"{WF}.serving.done"}
+
+
 @pytest.mark.parametrize(("base_name", "edits", "path"), [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
 def test_unsupported_feature(base_name: str, edits: list, path: str) -> None:
     doc = mutated(base_name, *edits)
-    problems = unsupported_problems(to_document(doc, "<test>"))
+    document = to_document(doc, "<test>")
+    problems = unsupported_problems(document)
+    if path not in ALSO_INVALID:  # a valid document: nothing but the unsupported feature
+        assert validate_document(document) == [], validate_document(document)
     assert any(p.path == path for p in problems), [p.render() for p in problems]
     assert {p.kind for p in problems} == {UnsupportedError}
 

@@ -106,6 +106,12 @@ def groups_of(wf: Workflow) -> dict:
     return dict(wf.serving.state_service.groups) if wf.serving else {}
 
 
+def declares_ports(component: Component | None) -> bool:
+    """False for "inferred" ports (none declared): unsupported, and nothing to check here."""
+    ports = component.ports if component is not None else None
+    return ports is not None and bool(ports.inputs or ports.outputs)
+
+
 def ports_of(component: Component | None) -> tuple[dict, dict]:
     if component is None or component.ports is None:
         return {}, {}
@@ -209,7 +215,7 @@ def _check_components(wf: Workflow, out: ProblemCollector) -> None:
         if impl.kind == "onnx":
             _check_artifact(impl.artifact, f"{path}.implementation.artifact", out)
         inputs, outputs = ports_of(component)
-        if component.ports is not None:
+        if component.ports is not None and declares_ports(component):
             for port in component.ports.roles:  # rule 10
                 if port not in inputs and port not in outputs:
                     out.add(MetadataError, f"role names '{port}', which is not a declared port "
@@ -260,7 +266,7 @@ def _check_invoke(wf: Workflow, step, path: str, values: dict, out: ProblemColle
                 path=f"{path}.component", value=step.component,
                 expected="one of " + ", ".join(wf.components))  # rule 13
     inputs, outputs = ports_of(component)
-    check_ports = component is not None and component.ports is not None
+    check_ports = declares_ports(component)
     bound_in, bound_out = step.inputs or {}, step.outputs or {}
     for port, value in bound_in.items():
         where = f"{path}.inputs.{port}"
@@ -476,21 +482,22 @@ def _check_aliases(wf: Workflow, group_name: str, group, component: str, aliases
                 value=component, expected="one of " + ", ".join(wf.components))
         return
     inputs, outputs = ports_of(wf.components[component])
+    check_ports = declares_ports(wf.components[component])
     for cell_name, alias in aliases.items():
         where = f"{path}.{cell_name}"
         cell = wf.state.get(cell_name)
         if cell is None:
             out.add(MetadataError, f"alias names an unknown state cell '{cell_name}'",
                     path=where, value=cell_name, expected="one of " + ", ".join(wf.state))
-        elif cell.service_group != group_name:
+        elif cell.service_group is not None and cell.service_group != group_name:
             out.add(MetadataError, f"alias names cell '{cell_name}' of group "
                     f"'{cell.service_group}' inside group '{group_name}'", path=where,
                     value=cell_name, expected=f"a cell whose service_group is '{group_name}'")
-        if alias.input not in inputs:
+        if check_ports and alias.input not in inputs:
             out.add(MetadataError, f"alias input '{alias.input}' is not a declared input port "
                     f"of '{component}'", path=f"{where}.input", value=alias.input,
                     expected="one of " + ", ".join(inputs))
-        if alias.output is not None and alias.output not in outputs:
+        if check_ports and alias.output is not None and alias.output not in outputs:
             out.add(MetadataError, f"alias output '{alias.output}' is not a declared output "
                     f"port of '{component}'", path=f"{where}.output", value=alias.output,
                     expected="one of " + ", ".join(outputs))
