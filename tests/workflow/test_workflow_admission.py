@@ -369,3 +369,11 @@ def test_cells_start_empty_then_hold_the_stream(decoder_engine, passes, dtype):
         assert mask.shape == (1, recorded.start + 1) and mask.all()
         np.testing.assert_array_equal(recorded.values["request.position_ids"],
                                       [[recorded.start]])
+
+
+def test_controls_do_not_leak_between_requests(decoder_engine, passes):
+    engine = decoder_engine()
+    engine.generate("def ", 3)
+    engine.generate("hello", 2)
+    assert bound(passes, "request.accepted_len") == [0, 4, 1, 0, 5]
+    assert passes[3].values["request.past.key"].shape[2] == 0  # fresh empty caches

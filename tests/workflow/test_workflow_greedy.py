@@ -231,3 +231,33 @@ def test_budget_wins_over_context_full_on_the_same_token(decoder_engine):
     result = decoder_engine().generate("def ", 6, max_context=10)
     assert len(result.token_ids) == 6
     assert result.stats.stop_reason == "max_new_tokens"
+
+
+def test_eos_wins_over_context_full_on_the_same_token(decoder_engine):
+    cap = 1 + EOS_PROMPTS["a"]  # the EOS is the token that fills the context
+    expected, reason = reference_greedy(encode("a"), 100, max_context=cap)
+    assert reason == "eos"
+    result = decoder_engine().generate("a", 100, max_context=cap)
+    assert result.token_ids == expected
+    assert result.stats.stop_reason == "eos"
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+@pytest.mark.parametrize("prompt, options", [
+    ("def ", {"max_new_tokens": 13}),
+    ("a", {"max_new_tokens": 60}),
+    ("def ", {"max_new_tokens": 40, "stop": ["gn"]}),
+    ("def ", {"max_new_tokens": 40, "max_context": 17}),
+    ("a", {"max_new_tokens": 60, "stop_token_ids": [9]}),
+], ids=["budget", "eos", "stop-string", "context", "stop-id"])
+def test_speculative_stops_where_greedy_stops(chained_engine, prompt, options, k):
+    """A stop inside a round discards the round's later tokens (runtime.md §13)."""
+    options = dict(options)
+    budget = options.pop("max_new_tokens")
+    stop_ids = (fx.EOS_ID, *options.get("stop_token_ids", ()))
+    expected, reason = reference_greedy(
+        encode(prompt), budget, stop_ids=stop_ids, max_context=options.get("max_context"),
+        stop_sequences=[encode(s) for s in options.get("stop", ())])
+    result = chained_engine().generate(prompt, budget, speculative=True, k=k, **options)
+    assert result.token_ids == expected
+    assert result.stats.stop_reason == reason

@@ -56,3 +56,12 @@ def test_stream_is_lazy(decoder_engine, passes):
     next(stream)
     assert len(passes) == 2
     stream.close()
+
+
+def test_a_stream_closed_early_leaves_the_engine_usable(decoder_engine):
+    engine = decoder_engine()
+    stream = engine.stream("def ", 20)
+    head = next(stream) + next(stream)
+    stream.close()
+    result = engine.generate("def ", 20)
+    assert result.text.startswith(head) and len(result.token_ids) == 20
