@@ -14,7 +14,7 @@ from speculant.package.package import Package
 from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.round import run_round
-from speculant.tensors import HOST, TensorSeam
+from speculant.tensors.seam import make_seam, residency_for_device
 from speculant.text.detokenizer import IncrementalDetokenizer
 from speculant.text.tokenizer import load_tokenizer
 from speculant.workflow.decode import empty_cells, prefill
@@ -37,40 +37,21 @@ class Generation:
         return len(self.token_ids) / self.total_s if self.total_s > 0 else float("inf")
 
 
-def make_seam(device: str) -> TensorSeam:
-    if device == HOST:
-        return TensorSeam()
-    from speculant.tensors import seam as seam_module
-
-    factory = getattr(seam_module, "make_seam", None)
-    if factory is None:
-        raise ResidencyError(f"device '{device}' is not available in this build",
-                             remedy="install 'speculant[cuda]' or load with device='cpu'")
-    return factory(device)
-
-
-def normalize_device(device: str) -> str:
-    if device in ("cpu", HOST):
-        return HOST
-    if device == "cuda":
-        return "cuda:0"
-    if device.startswith("cuda:") and device[5:].isdigit():
-        return device
-    raise RequestError(f"unknown device '{device}'", path="device", value=device,
-                       expected="'cpu', 'cuda' or 'cuda:N'")
-
-
 class Engine:
     """A loaded package, ready to decode. Build it with :func:`load`."""
 
-    def __init__(self, package: Package, device: str = "cpu", *, use_tf32: bool = False) -> None:
+    def __init__(self, package: Package, device: str = "cpu", *, use_tf32: bool = False,
+                 outputs_on_host: bool = False, ordering: str = "shared_stream") -> None:
+        """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
+        the host-staged configuration that parity tests compare against, never a default."""
         self.package = package
-        self.device = normalize_device(device)
-        self.seam = make_seam(self.device)
+        self.device = residency_for_device(device)
+        self.seam = make_seam(self.device, ordering=ordering)
         plan, wf = package.plan, package.document.workflow
         self.sessions = {
             name: ComponentSession(name, package.model_source(name), wf.components[name].ports,
                                    self.device, self.seam, use_tf32=use_tf32,
+                                   outputs_on_host=outputs_on_host,
                                    artifact=str(package.artifacts[name]))
             for name in (plan.target, plan.proposer) if name is not None}
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])
@@ -201,8 +182,9 @@ class Engine:
                     (done is not None and bool(done.data.reshape(-1)[0])))
 
 
-def load(path: str | Path, device: str = "cpu", *, use_tf32: bool = False) -> Engine:
-    """Load an inference package (a folder) and create its sessions on ``device``."""
+def load(path: str | Path, device: str = "cpu", **options) -> Engine:
+    """Load an inference package (a folder) and create its sessions on ``device``
+    (``cpu``, ``cuda`` or ``cuda:N``); ``options`` are :class:`Engine`'s keywords."""
     from speculant.package.loader import load_package
 
-    return Engine(load_package(path), device, use_tf32=use_tf32)
+    return Engine(load_package(path), device, **options)

@@ -58,10 +58,13 @@ class ComponentSession:
     """A component's ORT session, its port contracts and its execution device."""
 
     def __init__(self, name: str, source: str | bytes, ports: Ports, device: str,
-                 seam: TensorSeam, *, use_tf32: bool = False, artifact: str = "") -> None:
+                 seam: TensorSeam, *, use_tf32: bool = False, outputs_on_host: bool = False,
+                 artifact: str = "") -> None:
         self.name = name
         self.ports = ports
-        self.device = device
+        self.device = device  # where the component executes
+        # where its outputs are bound: the execution device, or the host when asked for
+        self.output_residency = HOST if outputs_on_host else device
         self.seam = seam
         providers = provider_for(device, seam, use_tf32=use_tf32)
         options = ort.SessionOptions()
@@ -127,14 +130,14 @@ class ComponentSession:
         self.seam.device_backends["cuda"].bind_input(binding, port, value)
 
     def _bind_output(self, binding: "ort.IOBinding", port: str) -> None:
-        if self.device == HOST:
+        if self.output_residency == HOST:
             binding.bind_output(port, "cpu")
         else:
             self.seam.device_backends["cuda"].bind_output(binding, port, self.device)
 
     def _adopt_output(self, port: str, ort_value: "ort.OrtValue") -> Value:
         dtype = self.output_dtypes[port]
-        if self.device == HOST:
+        if self.output_residency == HOST:
             array = np.ascontiguousarray(ort_value.numpy())  # host memory already: no crossing
             return Value(array, HOST, dtype, owner=ort_value, owned=False)
         return self.seam.device_backends["cuda"].wrap_output(ort_value, dtype, self.device)

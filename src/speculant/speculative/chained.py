@@ -61,7 +61,9 @@ class ChainedProposer:
         self.chain = package.plan.chain
         self.session = session
         self.seam = seam
-        self.residency = session.device  # the chain residency: where the proposer executes
+        # The chain residency: where the proposer's outputs are produced (its execution device,
+        # or the host in the host-staged parity configuration).
+        self.residency = session.output_residency
         self.target_vocab = target_vocab
         self._table: Value | None = None  # [V_E, W_E] currency, scaled, in the chain residency
         fused = session.ports.inputs[self.chain.fused_port]
@@ -85,7 +87,8 @@ class ChainedProposer:
         vp, keep = state.latest, state.keep
         assert vp is not None
         seam, chain = self.seam, self.chain
-        fixed = self._fixed_bindings(state)
+        with seam.write_batch():  # adoptions of the fixed bindings, once per proposal
+            fixed = self._fixed_bindings(state)
         if vp.seed is None:
             raise ChainError(f"the latest pass produced no '{chain.seed_output}' (the "
                              "folded_carry_seed); the chain cannot start",
@@ -100,8 +103,9 @@ class ChainedProposer:
             if not 0 <= last < table.shape[0]:
                 raise ChainError(f"token {last} is outside the embedding table's {table.shape[0]}"
                                  " rows", value=last, expected=f"0 <= id < {table.shape[0]}")
-            seam.scatter_into_last_axis(fused, seam.gather_rows(table, [last]), 0)
-            seam.scatter_into_last_axis(fused, carry, table.shape[1])
+            with seam.write_batch():  # one step's fused input: concat(table[last], carry)
+                seam.scatter_into_last_axis(fused, seam.gather_rows(table, [last]), 0)
+                seam.scatter_into_last_axis(fused, carry, table.shape[1])
             out = self.session.invoke({**fixed, chain.fused_port: fused},
                                       [chain.logits_output, chain.carry_output])
             if j < k:

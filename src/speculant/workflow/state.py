@@ -103,10 +103,11 @@ class DecodeState:
         new_consumed = vp.start + keep
         self.cells = dict(vp.presents)
         if keep < len(vp.tokens):
-            for name in self.plan.rollback_state:
-                cell = self.plan.cells[name]
-                self.cells[name] = self.seam.truncate_axis(vp.presents[name],
-                                                           cell.sequence_axis, new_consumed)
+            with self.seam.write_batch():  # every truncation copy, then one fence at most
+                for name in self.plan.rollback_state:
+                    cell = self.plan.cells[name]
+                    self.cells[name] = self.seam.truncate_axis(
+                        vp.presents[name], cell.sequence_axis, new_consumed)
         self.consumed = new_consumed
         self.latest, self.keep = vp, keep
         self._set_control("accepted_len", keep)
