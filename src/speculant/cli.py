@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
@@ -28,7 +29,7 @@ def demo_package() -> Path:
 
 
 def fail(error: SpeculantError) -> None:
-    stderr.print(f"[bold red]{type(error).__name__}[/]: {error}", markup=True, highlight=False)
+    stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -53,7 +54,7 @@ def generate(
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=stderr,
                       transient=True) as progress:
-            progress.add_task(f"loading {package or 'the demo package'} on {device}")
+            progress.add_task(escape(f"loading {package or 'the demo package'} on {device}"))
             engine = load(package or demo_package(), device=device)
         if speculative and k is None:
             spec = engine.package.document.speculative
@@ -67,12 +68,13 @@ def generate(
 
             started = time.perf_counter()
             first_at = None
-            sys.stdout.write(prompt)
-            for piece in pieces:
-                first_at = first_at or time.perf_counter()
+            for piece in pieces:  # the request is admitted before the first piece
+                if first_at is None:
+                    first_at = time.perf_counter()
+                    sys.stdout.write(prompt)
                 sys.stdout.write(piece)
                 sys.stdout.flush()
-            sys.stdout.write("\n")
+            sys.stdout.write(("" if first_at else prompt) + "\n")
             total = time.perf_counter() - started
             run_stats = engine.stats
             ttft = (first_at or started) - started

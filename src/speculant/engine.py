@@ -86,6 +86,10 @@ class Engine:
                 max_context: int | None = None, seed: int = 0) -> Request:
         """Turn API arguments into a :class:`Request` (text prompts are tokenized)."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if any(np.ndim(i) != 0 for i in ids):
+            raise RequestError("the prompt has more than one row; speculant decodes one "
+                               "sequence per request", path="prompt_ids",
+                               expected="a flat sequence of token ids")
         if speculative and proposer is None:
             proposer = "chained"
         sequences = tuple(tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in stop)

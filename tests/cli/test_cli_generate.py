@@ -166,27 +166,16 @@ def test_empty_prompt(cli, decoder_path):
     assert_clean_failure(cli("generate", decoder_path, "--prompt", ""), "prompt")
 
 
-MARKUP = ("cli.fail prints the error text as rich markup without escaping it, so a bracketed "
-          "word in the message ({}) ")
-
-
-@pytest.mark.xfail(strict=True, reason=MARKUP.format("here the package path '[v1]/pkg'")
-                   + "is swallowed: the message reads '.../pkg'")
 def test_error_message_keeps_bracketed_text(cli, tmp_path):
     result = cli("generate", tmp_path / "[v1]" / "pkg")
     assert_clean_failure(result, "MetadataError", "[v1]/pkg")
 
 
-@pytest.mark.xfail(strict=True, reason=MARKUP.format("here the path 'a[/b]'") + "raises "
-                   "rich.errors.MarkupError out of fail(): exit status 1 and a traceback")
 def test_error_message_with_a_closing_tag_lookalike(cli, tmp_path):
     result = cli("generate", tmp_path / "a[" / "b]")
     assert_clean_failure(result, "MetadataError", "a[/b]")
 
 
-@pytest.mark.xfail(strict=True, reason="generate writes the prompt to stdout before the "
-                   "request is admitted, so a refused request leaves 'def ' (no newline) on "
-                   "stdout next to the error")
 def test_a_refused_request_writes_nothing_to_stdout(cli, chained_path):
     result = cli("generate", chained_path, "--prompt", "def ", "--speculative", "--k", 9)
     assert result.exit_code == 2

@@ -286,9 +286,6 @@ def test_empty_prompt(decoder_engine, passes, prompt):
     assert passes == []
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="a prompt of two rows raises TypeError from "
-                   "Engine.request (int() of a row), not RequestError (runtime.md §2.4)")
 @pytest.mark.parametrize("prompt", [[[2, 3], [4, 5]], np.array([[2, 3], [4, 5]])],
                          ids=["lists", "array"])
 def test_prompt_of_more_than_one_row(decoder_engine, prompt):
