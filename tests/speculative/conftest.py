@@ -1,0 +1,123 @@
+"""Session-scoped packages and engines for the chained-speculation tests.
+
+Every package is written once per session (keyed by its writer arguments); tests that plant
+a defect on an engine's cached state (the scaled table) load a fresh engine from the same
+root instead of touching the shared one.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import speculant
+from speculant.fixtures import read_model, write_chained_package, write_decoder_package
+from speculant.fixtures.writers import FORMATS, write_model
+
+MAX_WIDTH = 8  # max_proposal_width = rollback_positions of the shared pair: k up to 8
+
+
+@pytest.fixture(scope="session")
+def pair_root(tmp_path_factory) -> Callable[..., Path]:
+    """``pair_root(dtype="float32", fmt="textproto", **writer_knobs)``: the chained pair,
+    written once per distinct argument set (``max_proposal_width`` 8 unless given)."""
+    cache: dict[tuple, Path] = {}
+
+    def get(dtype: str = "float32", fmt: str = "textproto", **knobs: Any) -> Path:
+        knobs = {"max_proposal_width": MAX_WIDTH, "rollback_positions": MAX_WIDTH, **knobs}
+        key = (dtype, fmt, tuple(sorted(knobs.items(), key=lambda kv: kv[0])))
+        if key not in cache:
+            root = tmp_path_factory.mktemp(f"pair-{dtype}-{fmt}")
+            cache[key] = write_chained_package(root, dtype=dtype, fmt=fmt, **knobs)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def pair_engine(pair_root) -> Callable[..., speculant.Engine]:
+    """``pair_engine(dtype, fmt)``: one shared engine per package. Never reset its table."""
+    cache: dict[tuple[str, str], speculant.Engine] = {}
+
+    def get(dtype: str = "float32", fmt: str = "textproto") -> speculant.Engine:
+        if (dtype, fmt) not in cache:
+            cache[(dtype, fmt)] = speculant.load(pair_root(dtype, fmt))
+        return cache[(dtype, fmt)]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def decoder_root(tmp_path_factory) -> Path:
+    return write_decoder_package(tmp_path_factory.mktemp("decoder"))
+
+
+@pytest.fixture(scope="session")
+def edited_pair(pair_root, tmp_path_factory) -> Callable[..., Path]:
+    """``edited_pair(name, edit_metadata, edit_target_graph=None)``: a copy of the float32
+    textproto pair with its metadata document (a dict) and/or target graph edited in place;
+    written once per ``name``."""
+    cache: dict[str, Path] = {}
+
+    def get(name: str, edit_metadata: Callable[[dict], None] | None = None,
+            edit_target_graph: Callable[[Any], None] | None = None) -> Path:
+        if name not in cache:
+            root = tmp_path_factory.mktemp(f"edited-{name}")
+            shutil.copytree(pair_root(), root, dirs_exist_ok=True)
+            if edit_metadata is not None:
+                path = root / "inference_metadata.yaml"
+                document = yaml.safe_load(path.read_text())
+                edit_metadata(document)
+                path.write_text(yaml.safe_dump(document, sort_keys=False))
+            if edit_target_graph is not None:
+                path = root / f"target/model{FORMATS['textproto']}"
+                model = read_model(path)
+                edit_target_graph(model)
+                write_model(model, path)
+            cache[name] = root
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def recorded(pair_engine):
+    """``recorded(prompt, k, dtype="float32", fmt="textproto")``: one recorded speculative
+    run of the shared engine (``chain_helpers.run_recorded``), memoized for the session so
+    the equality, trace, accounting and extent tests check the same runs."""
+    from chain_helpers import run_recorded
+
+    cache: dict[tuple, Any] = {}
+
+    def get(prompt, k: int, dtype: str = "float32", fmt: str = "textproto"):
+        key = (tuple(prompt), k, dtype, fmt)
+        if key not in cache:
+            with pytest.MonkeyPatch.context() as mp:
+                cache[key] = run_recorded(pair_engine(dtype, fmt), mp, prompt, k)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def plain_greedy(pair_engine):
+    """``plain_greedy(prompt, dtype="float32", fmt="textproto")``: the generated tokens of
+    the same engine decoding without a proposer, memoized."""
+    from chain_helpers import MAX_NEW
+
+    cache: dict[tuple, list[int]] = {}
+
+    def get(prompt, dtype: str = "float32", fmt: str = "textproto") -> list[int]:
+        key = (tuple(prompt), dtype, fmt)
+        if key not in cache:
+            engine = pair_engine(dtype, fmt)
+            cache[key] = engine.generate(list(prompt), MAX_NEW).token_ids
+            assert engine.stats.rounds == 0 and engine.stats.proposer_invocations == 0
+        return cache[key]
+
+    return get
