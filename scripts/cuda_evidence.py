@@ -1,0 +1,135 @@
+"""Run the CUDA evidence on a GPU machine and write one JSON report.
+
+    PYTHONPATH=/tmp/site:$PWD/src python3 scripts/cuda_evidence.py OUT_DIR [--sanitizer]
+
+What it records: the device, driver and package versions; the outcome of every test marked
+``cuda`` (tests/tensors, tests/cuda) from a JUnit report; a chained run of the hermetic fixture
+per width and dtype with its counters (host staging, read-back bytes, argmax rows) next to the
+CPU run's tokens; and, with ``--sanitizer``, the summaries of compute-sanitizer memcheck and
+racecheck over the differential tests and one chained run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+CHAINED_RUN = """
+import sys, speculant
+from speculant.fixtures.writers import write_chained_package
+root = write_chained_package(sys.argv[1], dtype="float16", fmt="onnx")
+engine = speculant.load(root, "cuda", use_tf32=False)
+run = engine.generate([5, 9, 3], 24, speculative=True, k=4)
+print(run.token_ids, engine.seam.counters.snapshot())
+"""
+
+
+def sh(command: list[str], timeout: int = 600) -> tuple[int, str]:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        return done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as exc:
+        return 124, f"timed out after {timeout} s: {exc}"
+
+
+def junit_outcomes(path: Path) -> dict:
+    tree = ET.parse(path)
+    outcomes: dict[str, str] = {}
+    for case in tree.iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        tags = {child.tag for child in case}
+        outcomes[name] = ("failed" if tags & {"failure", "error"} else
+                          "skipped" if "skipped" in tags else "passed")
+    counts: dict[str, int] = {}
+    for outcome in outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return {"counts": counts, "tests": outcomes}
+
+
+def chained_runs() -> list[dict]:
+    import speculant
+    from speculant.fixtures.writers import write_chained_package
+
+    runs = []
+    for dtype in ("float32", "float16"):
+        root = write_chained_package(tempfile.mkdtemp(), dtype=dtype, fmt="onnx",
+                                     max_proposal_width=8, rollback_positions=8)
+        cpu = speculant.load(root, "cpu")
+        for k in (1, 2, 4, 8):
+            engine = speculant.load(root, "cuda", use_tf32=False)
+            started = time.perf_counter()
+            run = engine.generate([20, 8, 15, 12, 2], 40, speculative=True, k=k)
+            elapsed = time.perf_counter() - started
+            stats = run.stats
+            counters = engine.seam.counters.snapshot()
+            rows = 1 + stats.greedy_steps + sum(2 * kr + 1 for kr, _ in stats.trace)
+            runs.append({
+                "dtype": dtype, "k": k, "tokens_equal_cpu":
+                    run.token_ids == cpu.generate([20, 8, 15, 12, 2], 40, speculative=True,
+                                                  k=k).token_ids,
+                "tokens_equal_cpu_greedy":
+                    run.token_ids == cpu.generate([20, 8, 15, 12, 2], 40).token_ids,
+                "rounds": stats.rounds, "greedy_steps": stats.greedy_steps,
+                "rounds_with_first_draft_accepted": stats.rounds_with_first_draft_accepted,
+                "drafts_proposed": stats.drafts_proposed,
+                "accepted_drafts": stats.accepted_drafts, "rollbacks": stats.rollbacks,
+                "rolled_back_cells": stats.rolled_back_cells,
+                "proposer_invocations": stats.proposer_invocations,
+                "mean_accepted_length": stats.mean_accepted_length,
+                "argmax_rows": stats.argmax_rows, "argmax_rows_expected": rows,
+                "readback_bytes_per_round_formula": "4 * (2 k_r + 1)",
+                "counters": counters, "seconds": round(elapsed, 4)})
+    return runs
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    _, gpu = sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                 "--format=csv,noheader"])
+    report["device"] = gpu.strip()
+    versions = {"python": platform.python_version()}
+    for module in ("onnxruntime", "cupy", "numpy", "onnx", "ml_dtypes", "pydantic"):
+        try:
+            versions[module] = __import__(module).__version__
+        except Exception as exc:  # noqa: BLE001 - recorded, not raised
+            versions[module] = f"unavailable: {exc}"
+    import onnxruntime
+
+    report["versions"] = versions
+    report["providers"] = onnxruntime.get_available_providers()
+    junit = out / "cuda-junit.xml"
+    code, log = sh([sys.executable, "-m", "pytest", "-m", "cuda", "tests/tensors", "tests/cuda",
+                    "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"], timeout=500)
+    report["pytest"] = {"exit_code": code, "tail": log[-4000:], **junit_outcomes(junit)}
+    report["chained_runs"] = chained_runs()
+    if "--sanitizer" in sys.argv and shutil.which("compute-sanitizer"):
+        script = out / "chained_run.py"
+        script.write_text(CHAINED_RUN)
+        sanitizer = {}
+        for tool in ("memcheck", "racecheck"):
+            code, log = sh(["compute-sanitizer", f"--tool={tool}", "--error-exitcode=3",
+                            sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-x",
+                            "-p", "no:cacheprovider", "tests/tensors/test_cuda_seam.py"],
+                           timeout=400)
+            sanitizer[f"{tool}_differential"] = {"exit_code": code, "tail": log[-1500:]}
+            code, log = sh(["compute-sanitizer", f"--tool={tool}", "--error-exitcode=3",
+                            sys.executable, str(script), tempfile.mkdtemp()], timeout=300)
+            sanitizer[f"{tool}_chained_run"] = {"exit_code": code, "tail": log[-1500:]}
+        report["compute_sanitizer"] = sanitizer
+    (out / "cuda-residency.json").write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps({k: report[k] for k in ("device", "versions")}, indent=1))
+    print("pytest", report["pytest"]["exit_code"], report["pytest"]["counts"])
+    print(report["pytest"]["tail"][-2500:])
+
+
+if __name__ == "__main__":
+    main()
