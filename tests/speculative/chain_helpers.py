@@ -519,8 +519,8 @@ def plant_rollback_length(mp: pytest.MonkeyPatch, delta: int, *, cut_only: bool)
 
     def planted(self: DecodeState, vp: PassResult, keep: int) -> None:
         rejected = keep < len(vp.tokens)
-        if rejected and not cut_only and keep + delta >= 1:
-            original(self, vp, keep + delta)
+        if not cut_only:
+            original(self, vp, keep + delta if rejected and keep + delta >= 1 else keep)
             return
         original(self, vp, keep)
         if rejected:
