@@ -152,9 +152,8 @@ def name_axes_command(
     dry_run: Annotated[bool, typer.Option(help="Report without writing.")] = False,
 ) -> None:
     """Rename sequence-like axes called `sequence` by what they are."""
-    from speculant.package.name_axes import name_axes
-
     from speculant.package.document import find_metadata
+    from speculant.package.name_axes import name_axes
 
     try:
         path = find_metadata(package) if package.is_dir() else package

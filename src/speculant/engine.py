@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speculant.errors import RequestError, ResidencyError
+from speculant.errors import RequestError
 from speculant.package.package import Package
 from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer

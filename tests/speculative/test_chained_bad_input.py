@@ -247,10 +247,6 @@ def test_carry_in_another_dtype_than_the_currency(pair_engine, monkeypatch):
 
 
 # -- gaps: the spec asks for a ChainError, the runtime raises something else ---------------------
-@pytest.mark.xfail(strict=True, raises=ContractError,
-                   reason="§19 lists 'narrowing an empty axis' as a ChainError; slicing carry_0 "
-                          "out of a seed output with no rows raises the seam's ContractError "
-                          "(slice_axis: window ... outside extent 0)")
 def test_carry_0_from_an_empty_seed_output(pair_engine, monkeypatch):
     engine = pair_engine()
     _patch_latest_seed(monkeypatch, engine,
@@ -260,10 +256,6 @@ def test_carry_0_from_an_empty_seed_output(pair_engine, monkeypatch):
     assert "hidden_states" in str(caught.value)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="§19 lists 'a missing proposer output' as a ChainError; a folded-carry "
-                          "output the drafter session does not have surfaces as ONNX Runtime's "
-                          "raw RuntimeError 'Invalid output name'")
 def test_missing_proposer_output(pair_engine, monkeypatch):
     engine = pair_engine()
     chain = dataclasses.replace(engine.proposer.chain, carry_output="projected_state_missing")

@@ -117,7 +117,7 @@ class ComponentSession:
         return result
 
     # -- binding --------------------------------------------------------------------------
-    def _bind_input(self, binding: "ort.IOBinding", port: str, value: Value) -> None:
+    def _bind_input(self, binding: ort.IOBinding, port: str, value: Value) -> None:
         if value.residency == HOST:
             binding.bind_cpu_input(port, value.data)  # ORT uploads it: an upload, not a read
             return
@@ -129,13 +129,13 @@ class ComponentSession:
                 f"{value.residency}")
         self.seam.device_backends["cuda"].bind_input(binding, port, value)
 
-    def _bind_output(self, binding: "ort.IOBinding", port: str) -> None:
+    def _bind_output(self, binding: ort.IOBinding, port: str) -> None:
         if self.output_residency == HOST:
             binding.bind_output(port, "cpu")
         else:
             self.seam.device_backends["cuda"].bind_output(binding, port, self.device)
 
-    def _adopt_output(self, port: str, ort_value: "ort.OrtValue") -> Value:
+    def _adopt_output(self, port: str, ort_value: ort.OrtValue) -> Value:
         dtype = self.output_dtypes[port]
         if self.output_residency == HOST:
             array = np.ascontiguousarray(ort_value.numpy())  # host memory already: no crossing

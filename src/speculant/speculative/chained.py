@@ -93,7 +93,18 @@ class ChainedProposer:
             raise ChainError(f"the latest pass produced no '{chain.seed_output}' (the "
                              "folded_carry_seed); the chain cannot start",
                              path="speculative.proposal_execution.folded_carry_seed")
-        carry_0 = seam.slice_axis(vp.seed, vp.seed.rank - 2, keep - 1, 1)  # [1, 1, W_C]
+        missing = [port for port in (chain.logits_output, chain.carry_output)
+                   if port not in self.session.output_names]
+        if missing:
+            raise ChainError(f"the proposer '{self.session.name}' produces no {missing} (its "
+                             f"graph outputs are {self.session.output_names})",
+                             path="speculative.proposal_execution", value=missing)
+        try:
+            carry_0 = seam.slice_axis(vp.seed, vp.seed.rank - 2, keep - 1, 1)  # [1, 1, W_C]
+        except ContractError as exc:
+            raise ChainError(f"cannot take carry_0 at row {keep - 1} of '{chain.seed_output}' "
+                             f"{vp.seed.describe()}: {exc}",
+                             path="speculative.proposal_execution.folded_carry_seed") from exc
         carry = self._in_currency(seam.adopt(carry_0, self.residency), "carry_0")
         table = self.table  # [V_E, W_E]
         fused = seam.zeros(self._step_shape(table.shape[1], carry.shape[-1]), chain.currency,
