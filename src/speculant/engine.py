@@ -41,9 +41,12 @@ class Engine:
     """A loaded package, ready to decode. Build it with :func:`load`."""
 
     def __init__(self, package: Package, device: str = "cpu", *, use_tf32: bool = False,
-                 outputs_on_host: bool = False, ordering: str = "shared_stream") -> None:
+                 outputs_on_host: bool = False, ordering: str = "shared_stream",
+                 threads: int | None = None) -> None:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
-        the host-staged configuration that parity tests compare against, never a default."""
+        the host-staged configuration that parity tests compare against, never a default.
+        ``threads`` sets ONNX Runtime's intra-op thread count of every session (None: ORT's
+        default, one per physical core)."""
         self.package = package
         self.device = residency_for_device(device)
         self.seam = make_seam(self.device, ordering=ordering)
@@ -52,7 +55,7 @@ class Engine:
             name: ComponentSession(name, package.model_source(name), wf.components[name].ports,
                                    self.device, self.seam, use_tf32=use_tf32,
                                    outputs_on_host=outputs_on_host,
-                                   artifact=str(package.artifacts[name]))
+                                   artifact=str(package.artifacts[name]), threads=threads)
             for name in (plan.target, plan.proposer) if name is not None}
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])
         self.vocab_size = self._target_vocab()

@@ -59,7 +59,8 @@ class ComponentSession:
 
     def __init__(self, name: str, source: str | bytes, ports: Ports, device: str,
                  seam: TensorSeam, *, use_tf32: bool = False, outputs_on_host: bool = False,
-                 artifact: str = "") -> None:
+                 artifact: str = "", threads: int | None = None) -> None:
+        """``threads``: ONNX Runtime's intra-op thread count (None: its default)."""
         self.name = name
         self.ports = ports
         self.device = device  # where the component executes
@@ -69,6 +70,8 @@ class ComponentSession:
         providers = provider_for(device, seam, use_tf32=use_tf32)
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        if threads is not None:
+            options.intra_op_num_threads = threads
         try:
             self.session = ort.InferenceSession(source, options, providers=providers)
         except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
