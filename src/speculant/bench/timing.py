@@ -1,0 +1,116 @@
+"""Where a decode's time goes, measured from outside the round.
+
+`InvokeClock` wraps `ComponentSession.invoke` of every session of an engine with
+``time.perf_counter`` accumulators (the round itself is not touched): the target's session
+counts as *target* time, every other session as *proposer* time. `verify_width_curve` times
+target passes of growing block size over one fixed cache, straight through `engine.target.run`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from itertools import cycle, islice
+
+from speculant.engine import Engine
+from speculant.workflow.request import Admitted
+from speculant.workflow.target_pass import PassResult
+
+VERIFY_WIDTHS = (1, 2, 3, 5, 9)  # block sizes k + 1 for k = 0, 1, 2, 4, 8
+
+
+class InvokeClock:
+    """Seconds spent in each session's ``invoke``, one entry per call, in call order.
+
+        with InvokeClock(engine) as clock:
+            clock.reset(); engine.generate(...)
+            clock.target_s(skip_first=1), clock.proposer_s()
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.sessions = engine.sessions
+        self.target = engine.package.plan.target
+        self.durations: dict[str, list[float]] = {name: [] for name in engine.sessions}
+
+    def __enter__(self) -> InvokeClock:
+        for name, session in self.sessions.items():
+            session.invoke = self._timed(session.invoke, self.durations[name])
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for session in self.sessions.values():
+            del session.invoke  # the instance attribute; the class's method shows again
+
+    @staticmethod
+    def _timed(invoke, durations: list[float]):
+        def timed_invoke(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return invoke(*args, **kwargs)
+            finally:
+                durations.append(time.perf_counter() - started)
+        return timed_invoke
+
+    def reset(self) -> None:
+        for durations in self.durations.values():
+            durations.clear()
+
+    def target_s(self, skip_first: int = 0) -> float:
+        """Target time, leaving out the first ``skip_first`` passes (the prefill)."""
+        return sum(self.durations[self.target][skip_first:])
+
+    def proposer_s(self) -> float:
+        return sum(sum(d) for name, d in self.durations.items() if name != self.target)
+
+
+def capture_prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[Admitted, PassResult]:
+    """Decode one token (the prefill alone) and keep what its target pass was given and
+    produced: the admitted request (controls as they were then) and the pass result."""
+    captured: list[tuple[Admitted, PassResult]] = []
+    run = engine.target.run
+
+    def capturing_run(tokens, start, cells, admitted):
+        frozen = replace(admitted, controls=dict(admitted.controls))  # before commit edits them
+        result = run(tokens, start, cells, admitted)
+        captured.append((frozen, result))
+        return result
+
+    engine.target.run = capturing_run
+    try:
+        engine.generate(list(prompt_ids), 1, stop_on_eos=False)
+    finally:
+        del engine.target.run
+    return captured[0]
+
+
+@dataclass(frozen=True)
+class WidthTiming:
+    width: int  # tokens in the block: k + 1
+    pass_s: list[float]  # engine.target.run, per repeat
+    invoke_s: list[float]  # of which ComponentSession.invoke (ORT run and binding)
+
+
+def verify_width_curve(engine: Engine, context_ids: Sequence[int],
+                       widths: Sequence[int] = VERIFY_WIDTHS, *, warmup: int = 3,
+                       repeats: int = 20, on_step=None) -> list[WidthTiming]:
+    """Time target passes of each block width over the cache a prefill of ``context_ids``
+    leaves (fixed cache length ``len(context_ids)``); widths interleave within each repeat so
+    drift hits them alike. The block is the context's tokens again (real ids, not zeros)."""
+    admitted, prefilled = capture_prefill(engine, context_ids)
+    start, cells = prefilled.end, prefilled.presents
+    blocks = {w: list(islice(cycle(context_ids), w)) for w in widths}
+    timings = {w: WidthTiming(w, [], []) for w in widths}
+    with InvokeClock(engine) as clock:
+        for repeat in range(warmup + repeats):
+            for w in widths:
+                clock.reset()
+                started = time.perf_counter()
+                engine.target.run(blocks[w], start, cells, admitted)
+                elapsed = time.perf_counter() - started
+                if repeat >= warmup:
+                    timings[w].pass_s.append(elapsed)
+                    timings[w].invoke_s.append(clock.target_s())
+            if on_step is not None:
+                on_step()
+    return [timings[w] for w in widths]

@@ -1,0 +1,156 @@
+"""`speculant bench` on the hermetic chained fixture: what it decodes, what it writes.
+
+Speed is measured, not tested: nothing here asserts a timing, only that timings are there.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from rich.console import Console
+
+import speculant
+from speculant.bench.command import write_report
+from speculant.bench.report import PNG_FILES
+from speculant.bench.runners import Runner, why_unavailable
+
+NEW_TOKENS = 16  # the runs of conftest.py
+
+SPREAD = {"type": "object", "required": ["median", "q1", "q3", "min", "max", "values"],
+          "properties": {"values": {"type": "array", "minItems": 2,
+                                    "items": {"type": "number"}},
+                         "median": {"type": "number", "exclusiveMinimum": 0}}}
+SPLIT = {"type": "object", "required": ["proposer", "target", "other", "total"],
+         "additionalProperties": {"type": "object", "required": ["median", "values"]}}
+RUNNER = {
+    "type": "object",
+    "required": ["name", "proposer", "k", "decode_tokens_per_s", "end_to_end_tokens_per_s",
+                 "time_to_first_token_ms", "round_ms", "tokens_per_prompt",
+                 "decoded_every_token", "target_passes", "rounds", "greedy_steps",
+                 "proposer_invocations", "mean_accepted_length", "acceptance_by_position",
+                 "matches_greedy", "speedup_decode", "speedup_end_to_end"],
+    "properties": {"decode_tokens_per_s": SPREAD, "end_to_end_tokens_per_s": SPREAD,
+                   "time_to_first_token_ms": SPREAD, "round_ms": SPLIT,
+                   "acceptance_by_position": {"type": "array",
+                                              "items": {"type": "number", "minimum": 0,
+                                                        "maximum": 1}}},
+}
+REPORT = {
+    "type": "object",
+    "required": ["schema", "date", "command", "machine", "versions", "package", "config",
+                 "prompts", "runners", "skipped", "verify_width"],
+    "properties": {
+        "schema": {"const": "speculant.bench/1"},
+        "machine": {"type": "object", "required": ["cpu", "cores", "gpu"]},
+        "versions": {"type": "object", "required": ["python", "speculant", "onnxruntime"]},
+        "config": {"type": "object", "required": ["device", "threads", "new_tokens", "warmup",
+                                                  "repeats", "proposers", "k"]},
+        "runners": {"type": "array", "minItems": 5, "items": RUNNER},
+        "skipped": {"type": "array", "items": {"type": "object",
+                                               "required": ["name", "reason"]}},
+        "verify_width": {
+            "type": "object", "required": ["cache_length", "widths"],
+            "properties": {"widths": {"type": "array", "minItems": 5, "items": {
+                "type": "object", "required": ["width", "pass_ms", "invoke_ms", "ratio"]}}}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def report(cli_bench) -> dict:
+    result, out = cli_bench
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "bench.json").read_text())
+
+
+def test_the_cli_writes_every_file(cli_bench):
+    result, out = cli_bench
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(["bench.json", "bench.md",
+                                                            *PNG_FILES])
+    assert result.stdout == (out / "bench.md").read_text()  # the table goes to stdout too
+
+
+def test_report_matches_the_schema(report):
+    jsonschema.validate(report, REPORT)
+    assert report["config"] | {"new_tokens": NEW_TOKENS, "warmup": 1, "repeats": 2,
+                               "threads": 1} == report["config"]
+    assert [w["width"] for w in report["verify_width"]["widths"]] == [1, 2, 3, 5, 9]
+    assert report["verify_width"]["widths"][0]["ratio"] == 1.0
+
+
+def test_greedy_and_chained_at_every_k_ran(report):
+    names = [r["name"] for r in report["runners"]]
+    assert names[0] == "greedy"
+    assert {"chained k=1", "chained k=2", "chained k=4", "chained k=8"} <= set(names)
+    for skipped in report["skipped"]:  # proposers this engine does not offer (yet)
+        assert skipped["proposer"] != "chained" and skipped["reason"]
+
+
+def test_every_runner_decoded_exactly_n_tokens(report):
+    for runner in report["runners"]:
+        assert runner["decoded_every_token"], runner["name"]
+        assert runner["tokens_per_prompt"] == [NEW_TOKENS] * report["prompts"]["count"]
+
+
+def test_speculative_runners_equal_greedy(report, bench_run, pair_path):
+    for runner in report["runners"][1:]:
+        assert runner["matches_greedy"] is True, runner["name"]
+    engine = speculant.load(pair_path)
+    greedy = [engine.generate(list(p), NEW_TOKENS, stop_on_eos=False).token_ids
+              for p in bench_run.prompts.prompts]
+    for result in bench_run.results:
+        for samples in result.samples:
+            assert [s.token_ids for s in samples] == greedy, result.runner.name
+
+
+def test_chained_figures_are_the_decode_stats(report):
+    for runner in report["runners"]:
+        if runner["proposer"] != "chained":
+            continue
+        assert runner["rounds"] > 0 and runner["proposer_invocations"] > 0
+        assert len(runner["acceptance_by_position"]) == runner["k"]
+        assert runner["target_passes"] == report["prompts"]["count"] + runner["rounds"] + \
+            runner["greedy_steps"]
+        assert 1 <= runner["mean_accepted_length"] <= runner["k"] + 1
+        assert runner["round_ms"]["proposer"]["median"] > 0
+    greedy = report["runners"][0]
+    assert greedy["rounds"] == 0 and greedy["round_ms"]["proposer"]["median"] == 0
+    assert greedy["speedup_decode"] == 1.0 and greedy["matches_greedy"] is None
+
+
+def test_markdown_lists_each_runner(cli_bench, report):
+    _, out = cli_bench
+    text = (out / "bench.md").read_text()
+    for runner in report["runners"]:
+        assert f"| {runner['name']} |" in text
+    assert "Verify-width cost curve" in text and report["command"] in text
+
+
+def test_pngs_are_written(cli_bench):
+    _, out = cli_bench
+    for name in PNG_FILES:
+        data = (out / name).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+
+
+def test_without_matplotlib_the_plots_are_skipped(report, tmp_path, monkeypatch):
+    for module in ("matplotlib", "matplotlib.pyplot"):
+        monkeypatch.setitem(__import__("sys").modules, module, None)  # import raises
+    console = Console(record=True, width=200)
+    written = write_report(report, tmp_path, console)
+    assert written == ["bench.json", "bench.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md"]
+    assert "matplotlib is not installed" in console.export_text()
+
+
+def test_unavailable_runners_give_the_engine_reason(pair_path, bench_run):
+    engine = bench_run.engine
+    prompt = bench_run.prompts.prompts[0]
+    assert why_unavailable(engine, Runner(), prompt) is None
+    assert why_unavailable(engine, Runner("chained", 8), prompt) is None
+    assert "max_proposal_width" in why_unavailable(engine, Runner("chained", 9), prompt)
+    assert "unknown proposer" in why_unavailable(engine, Runner("no_such_proposer", 1),
+                                                 prompt)

@@ -1,0 +1,84 @@
+"""The bench's parts on literal inputs: spreads, prompt files, the invoke clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import speculant
+from speculant.bench.prompts import find_prompt_file, fit_prompts, read_prompts
+from speculant.bench.spread import Spread
+from speculant.bench.timing import InvokeClock
+from speculant.errors import RequestError
+from speculant.fixtures import encode
+
+
+def test_spread_of_literal_values():
+    spread = Spread.of([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (spread.median, spread.q1, spread.q3, spread.min, spread.max) == (3, 2, 4, 1, 5)
+    assert spread.values == (4.0, 1.0, 3.0, 2.0, 5.0)  # run order kept
+    assert Spread.of([2.0]).median == 2.0
+    assert spread.scaled(10).median == 30
+    with pytest.raises(ValueError):
+        Spread.of([])
+
+
+def test_prompt_file_precedence(tmp_path):
+    package = tmp_path / "pair"
+    package.mkdir()
+    assert find_prompt_file(package, None) is None  # the bundled set
+    (tmp_path / "val_prompts.json").write_text("[]")
+    assert find_prompt_file(package, None) == tmp_path / "val_prompts.json"
+    (package / "val_prompts.json").write_text("[]")
+    assert find_prompt_file(package, None) == package / "val_prompts.json"
+    chosen = tmp_path / "mine.json"
+    assert find_prompt_file(package, chosen) == chosen
+
+
+def test_prompts_are_token_ids_or_text(tmp_path, pair_path):
+    tokenizer = speculant.load(pair_path).tokenizer
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps([[3, 4, 5], "def f"]))
+    source, prompts = read_prompts(path, tokenizer)
+    assert source == str(path) and prompts == [[3, 4, 5], encode("def f")]
+    source, prompts = read_prompts(None, tokenizer)
+    assert source.startswith("bundled") and len(prompts) >= 4 and all(prompts)
+
+
+@pytest.mark.parametrize("content, words", [
+    ("{", ["not JSON"]),
+    ("[]", ["non-empty JSON list"]),
+    ('{"a": 1}', ["non-empty JSON list"]),
+    ('[[1, 2], [1.5]]', ["[1]", "list of token ids or a string"]),
+    ('[[1], []]', ["[1]", "empty"]),
+])
+def test_bad_prompt_files_name_the_file_and_item(tmp_path, pair_path, content, words):
+    path = tmp_path / "prompts.json"
+    path.write_text(content)
+    with pytest.raises(RequestError) as caught:
+        read_prompts(path, speculant.load(pair_path).tokenizer)
+    for word in [str(path), *words]:
+        assert word in str(caught.value)
+
+
+def test_prompts_keep_their_newest_tokens():
+    fitted = fit_prompts("x", [[1, 2, 3, 4, 5], [6, 7]], new_tokens=6, context_cap=9)
+    assert fitted.prompts == ((3, 4, 5), (6, 7)) and fitted.num_truncated == 1
+    assert fit_prompts("x", [[1, 2, 3]], 100, None).prompts == ((1, 2, 3),)
+    with pytest.raises(RequestError, match="no room"):
+        fit_prompts("x", [[1]], new_tokens=9, context_cap=9)
+
+
+def test_invoke_clock_counts_every_invoke_and_restores(pair_path):
+    engine = speculant.load(pair_path)
+    with InvokeClock(engine) as clock:
+        greedy = engine.generate(encode("def "), 12, stop_on_eos=False)
+        assert len(clock.durations["target"]) == greedy.stats.target_passes
+        assert clock.durations["assistant"] == [] and clock.proposer_s() == 0
+        clock.reset()
+        spec = engine.generate(encode("def "), 12, speculative=True, k=2, stop_on_eos=False)
+        assert len(clock.durations["target"]) == spec.stats.target_passes
+        assert len(clock.durations["assistant"]) == spec.stats.proposer_invocations > 0
+        assert 0 < clock.target_s(skip_first=1) < clock.target_s()
+    assert all("invoke" not in vars(s) for s in engine.sessions.values())
