@@ -116,7 +116,7 @@ def summarize(run: BenchRun, command: str) -> dict:
         "command": command,
         "machine": machine(),
         "versions": versions(),
-        "package": {"path": str(config.package), "target": engine.package.plan.target,
+        "package": {"path": _shown(Path(config.package)), "target": engine.package.plan.target,
                     "proposer": engine.package.plan.proposer,
                     "max_proposal_width": spec.max_proposal_width if spec else None},
         "config": {"device": config.device, "threads": run.threads,
@@ -138,6 +138,14 @@ def summarize(run: BenchRun, command: str) -> dict:
                        for w in run.widths],
         },
     }
+
+
+def _shown(path: Path) -> str:
+    """Relative to the working directory when inside it (reports stay readable elsewhere)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def machine() -> dict:
