@@ -43,7 +43,7 @@ REPORT = {
                  "prompts", "runners", "skipped", "verify_width"],
     "properties": {
         "schema": {"const": "speculant.bench/1"},
-        "machine": {"type": "object", "required": ["cpu", "cores", "gpu"]},
+        "machine": {"type": "object", "required": ["cpu", "cores", "gpu", "load_average"]},
         "versions": {"type": "object", "required": ["python", "speculant", "onnxruntime"]},
         "config": {"type": "object", "required": ["device", "threads", "new_tokens", "warmup",
                                                   "repeats", "proposers", "k"]},

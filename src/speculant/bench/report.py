@@ -114,7 +114,8 @@ def summarize(run: BenchRun, command: str) -> dict:
         "schema": SCHEMA,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
-        "machine": machine(),
+        "machine": machine() | {"load_average": {"start": list(run.load_average),
+                                                  "end": list(os.getloadavg())}},
         "versions": versions(),
         "package": {"path": _shown(Path(config.package)), "target": engine.package.plan.target,
                     "proposer": engine.package.plan.proposer,
@@ -207,7 +208,9 @@ def markdown(report: dict) -> str:
         "",
         f"- date: {report['date']}",
         f"- machine: {m['cpu']} ({m['cores']['usable']} usable of {m['cores']['logical']} "
-        f"logical CPUs), GPU: {m['gpu'] or 'none'}",
+        f"logical CPUs), GPU: {m['gpu'] or 'none'}; load average (1 min) "
+        f"{m['load_average']['start'][0]:.2f} at the start, {m['load_average']['end'][0]:.2f} "
+        "at the end",
         f"- device: {c['device']}, ONNX Runtime intra-op threads: {c['threads'] or 'default'}",
         f"- prompts: {p['count']} from {p['source']}, {min(p['lengths'])}–{max(p['lengths'])} "
         f"tokens ({p['truncated']} truncated to fit); {c['new_tokens']} new tokens each, EOS "

@@ -96,6 +96,7 @@ class BenchRun:
     skipped: list[tuple[Runner, str]]
     widths: list[WidthTiming]
     width_cache_length: int
+    load_average: tuple[float, float, float]  # os.getloadavg() as the run began
 
 
 class Progress:
@@ -108,6 +109,7 @@ class Progress:
 
 def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun:
     progress = progress or Progress()
+    load_average = os.getloadavg()  # other work on the machine shows here, and in the spread
     threads = config.resolved_threads
     engine = load(config.package, config.device, threads=threads)
     source, raw = read_prompts(find_prompt_file(Path(config.package), config.prompts_file),
@@ -135,7 +137,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     progress.start("verify-width curve", config.width_repeats + 3)
     widths = verify_width_curve(engine, context, config.widths, repeats=config.width_repeats,
                                 on_step=progress.advance)
-    return BenchRun(config, engine, prompts, threads, results, skipped, widths, length)
+    return BenchRun(config, engine, prompts, threads, results, skipped, widths, length,
+                    load_average)
 
 
 def measure(engine: Engine, runners: Sequence[Runner], prompts: PromptSet,
