@@ -192,6 +192,40 @@ def bench(
     print(markdown(report), end="")
 
 
+@app.command()
+def convert(
+    package: Annotated[Path, typer.Argument(help="Package written by speculant.export.")],
+    out: Annotated[Path, typer.Argument(help="Folder for the rebuilt package.")],
+    dtype: Annotated[str, typer.Option(help="float16 or float32: weights, IO and the "
+                                            "chain's currency.")] = "float16",
+) -> None:
+    """Rebuild an exported package's graphs in another dtype."""
+    from speculant.export import convert as convert_package
+
+    try:
+        convert_package(package, out, dtype=dtype)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(escape(f"wrote {out} ({dtype})"), highlight=False)
+
+
+@app.command("export-hf")
+def export_hf(
+    package: Annotated[Path, typer.Argument(help="Package written by speculant.export.")],
+    out: Annotated[Path, typer.Argument(help="Folder for the Hugging Face checkpoint.")],
+) -> None:
+    """Write an exported package's weights back out as a Hugging Face checkpoint."""
+    from speculant.export import export_hf as write_checkpoint
+
+    try:
+        write_checkpoint(package, out)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(escape(f"wrote {out} (config.json, model.safetensors)"), highlight=False)
+
+
 @metadata_app.command("name-axes")
 def name_axes_command(
     package: Annotated[Path, typer.Argument(help="Package folder or metadata file.")],
