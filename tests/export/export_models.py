@@ -20,20 +20,25 @@ TOKENS = ["<unk>", "</s>"] + [chr(c) for c in range(ord("0"), ord("0") + 48)]
 
 
 def random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
-    """Norm weights near 1, linear weights ~ N(0, 1/in), the table ~ N(0, 1)."""
+    """Norm weights near 1 (the final norms with random signs, so a token does not simply
+    predict itself through the tied table), linear weights ~ N(0, 4/in), the table
+    ~ N(0, 4): varied greedy streams with clear top-2 margins."""
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in shapes.items():
         if len(shape) == 1:
             weights[name] = 1.0 + 0.1 * rng.standard_normal(shape)
+            if name in ("model.norm.weight", "drafter.norm.weight"):
+                weights[name] *= rng.choice([-1.0, 1.0], shape)
         elif name == "model.embed_tokens.weight":
-            weights[name] = rng.standard_normal(shape)
+            weights[name] = 2.0 * rng.standard_normal(shape)
         else:
-            weights[name] = rng.standard_normal(shape) / np.sqrt(shape[1])
+            weights[name] = 2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])
     return {name: array.astype(np.float32) for name, array in weights.items()}
 
 
-TARGET_WEIGHTS = random_weights(target_shapes(CONFIG), seed=1)
+# Seed 93: the smallest top-2 margin on the greedy paths of the tests' prompts is 0.47.
+TARGET_WEIGHTS = random_weights(target_shapes(CONFIG), seed=93)
 DRAFTER_WEIGHTS = random_weights(drafter_shapes(CONFIG), seed=2)
 DRAFT_WEIGHTS = random_weights(target_shapes(DRAFT_CONFIG), seed=3)
 

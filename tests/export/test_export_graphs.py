@@ -7,14 +7,15 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from export_models import CONFIG, DRAFTER_WEIGHTS, TARGET_WEIGHTS
+from export_models import CONFIG, TARGET_WEIGHTS
 from export_reference import drafter_forward, target_forward
 
-from speculant.export import rope_tables
+from speculant.export import read_weights, rope_tables
 
 PROMPT = [7, 3, 41, 12, 25]
 CONTINUATION = [9, 33, 48, 2, 17, 30, 5]  # stepped one by one, then as one block
-# (rtol, atol) per dtype; float16 is loose: weights, IO and caches are rounded to float16.
+# (rtol, atol) per dtype against the reference on the weights the package holds; float16
+# is loose: activations, IO and caches are rounded to float16 between the float32 parts.
 TOLERANCE = {"float32": (1e-5, 2e-5), "float16": (1e-2, 3e-2)}
 NP = {"float32": np.float32, "float16": np.float16}
 C = CONFIG
@@ -74,7 +75,8 @@ def check_pass(out, reference, rows: slice, dtype: str, what: str) -> None:
 def test_target_prefill_steps_and_block_match_the_reference(pair_roots, dtype):
     sess = session(pair_roots[dtype], "target")
     stream = PROMPT + CONTINUATION
-    reference = target_forward(C, TARGET_WEIGHTS, stream)
+    _, weights, _ = read_weights(pair_roots[dtype])  # as the package holds them
+    reference = target_forward(C, weights, stream)
     n = len(PROMPT)
 
     out = run_target(sess, PROMPT, empty_past(dtype), dtype)
@@ -123,7 +125,8 @@ def test_drafter_on_borrowed_kv_matches_the_reference(pair_roots, dtype):
     key, value = out[f"present.{last}.key"], out[f"present.{last}.value"]  # [1, KV, C', d]
     extent = key.shape[2]
     rng = np.random.default_rng(5)
-    table = TARGET_WEIGHTS["model.embed_tokens.weight"].astype(NP[dtype])
+    _, weights, drafter_weights = read_weights(pair_roots[dtype])
+    table = weights["model.embed_tokens.weight"]
     for rows, mask in ((1, np.ones(extent, np.int64)),
                        (3, np.array([1, 1, 0] + [1] * (extent - 3), np.int64))):
         fused = np.concatenate([
@@ -134,7 +137,7 @@ def test_drafter_on_borrowed_kv_matches_the_reference(pair_roots, dtype):
             "inputs_embeds": fused[None], "position_ids": positions[None],
             "attention_mask": mask[None], "shared_kv.key": key, "shared_kv.value": value})
         assert logits.dtype == state.dtype == NP[dtype]
-        ref_logits, ref_state = drafter_forward(C, DRAFTER_WEIGHTS, table, fused, positions,
+        ref_logits, ref_state = drafter_forward(C, drafter_weights, table, fused, positions,
                                                 key[0], value[0], mask)
         check(logits[0], ref_logits, dtype, f"drafter logits ({rows} rows)")
         check(state[0], ref_state, dtype, f"drafter projected_state ({rows} rows)")

@@ -215,8 +215,9 @@ def checked_weights(weights: Mapping[str, Any], shapes: Mapping[str, tuple[int, 
     problems += [f"shape of {', '.join(misshapen)}"] if misshapen else []
     if problems:
         raise ExportError(f"{what} do not match the configuration: " + "; ".join(problems))
-    cast = {name: np.ascontiguousarray(arrays[name], dtype=DTYPES[check_dtype(dtype)])
-            for name in shapes}
+    with np.errstate(over="ignore"):  # overflow is reported below, by name
+        cast = {name: np.ascontiguousarray(arrays[name], dtype=DTYPES[check_dtype(dtype)])
+                for name in shapes}
     non_finite = [name for name, array in cast.items() if not np.isfinite(array).all()]
     if non_finite:
         raise ExportError(f"{what}: non-finite values in {dtype}: {', '.join(non_finite)}",
