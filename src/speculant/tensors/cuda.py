@@ -29,8 +29,8 @@ reductions inside ``argmax``), everyone else's CuPy arrays and pool-level frees 
 buffer lifetimes. ORT outputs wrapped without a copy (``owned=False``) are ORT's arena and are
 not counted, nor are CuPy's cached free blocks.
 
-**bfloat16** is stored as ``uint16`` words; only ``argmax`` interprets it, by placing the 16
-bits in the top half of a float32 (exact).
+**bfloat16** is stored as ``uint16`` words; only ``argmax`` and the sampling operations
+interpret it, by placing the 16 bits in the top half of a float32 (exact).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 
 from speculant.errors import ContractError, ResidencyError
+from speculant.tensors import sampling as sampling_math
 from speculant.tensors.ops import ResidencyCounters
+from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import NUMPY_DTYPES, Value, window_is_view
 
 INSTALL_CUDA = "pip install 'speculant[cuda]'"
@@ -290,6 +292,53 @@ class CudaBackend:
             out = self._allocate(ordinal, (rows.shape[0],), np.dtype(np.int32))
             cp.copyto(out, cp.where(first < width, first, cp.int32(0)))
         return Value(out, x.residency, "int32", owned=True, kind="token_ids")
+
+    # -- sampling (runtime.md §17): tensors/sampling.py over CuPy, as the host runs it over
+    # numpy; the uniforms are uploaded (a few bytes), only ids and a are read back ----------
+    def _wide_rows(self, x: Value) -> Any:
+        """``x`` as [R, V] float64 rows, widened exactly (call under ``_on``)."""
+        cp = self._cp
+        rows = x.data.reshape(-1, x.shape[-1])  # [R, V] storage dtype
+        if x.dtype == "bfloat16":  # the 16 bits in the top half of a float32
+            rows = cp.left_shift(rows.astype(cp.uint32), cp.uint32(16)).view(cp.float32)
+        return rows.astype(cp.float64)
+
+    def _owned(self, ordinal: int, array: Any, dtype: np.dtype) -> Any:
+        """``array`` copied into a counted buffer of ``dtype`` (call under ``_on``)."""
+        out = self._allocate(ordinal, array.shape, np.dtype(dtype))
+        self._cp.copyto(out, array.astype(dtype))
+        return out
+
+    def distribution(self, x: Value, sampling: Sampling) -> Value:
+        ordinal = cuda_ordinal(x.residency)
+        with self._on(ordinal):
+            probs = sampling_math.distribution_rows(self._cp, self._wide_rows(x), sampling)
+            out = self._owned(ordinal, probs, np.dtype(np.float32))  # [R, V] float32
+        return Value(out, x.residency, "float32", owned=True)
+
+    def sample(self, probs: Value, uniforms: Sequence[float]) -> Value:
+        cp = self._cp
+        ordinal = cuda_ordinal(probs.residency)
+        with self._on(ordinal):
+            u = cp.asarray(np.asarray(uniforms, np.float64))  # [R] uploaded
+            ids = sampling_math.sample_rows(cp, probs.data.reshape(-1, probs.shape[-1]), u)
+            out = self._owned(ordinal, ids, np.dtype(np.int32))  # [R] int32
+        return Value(out, probs.residency, "int32", owned=True, kind="token_ids")
+
+    def rejection(self, p: Value, q: Sequence[Value] | None, drafts: Sequence[int],
+                  uniforms: Sequence[float]) -> Value:
+        cp = self._cp
+        ordinal = cuda_ordinal(p.residency)
+        width = p.shape[-1]
+        with self._on(ordinal):
+            q_rows = None if q is None else cp.concatenate(
+                [v.data.reshape(-1, width) for v in q])[None]  # [1, k, V] float32
+            d = cp.asarray(np.asarray(list(drafts), np.int64).reshape(1, len(drafts)))
+            u = cp.asarray(np.asarray([list(uniforms)], np.float64))  # [1, k + 1]
+            a, token = sampling_math.rejection_sample(cp, p.data.reshape(1, -1, width), q_rows,
+                                                      d, u)
+            out = self._owned(ordinal, cp.concatenate([a, token]), np.dtype(np.int32))  # [2]
+        return Value(out, p.residency, "int32", owned=True, kind="token_ids")
 
     # -- crossings (the seam counts them) ----------------------------------------------------
     def download(self, v: Value) -> np.ndarray:

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from speculant.tensors import sampling as sampling_math
+from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
 
 
@@ -63,4 +65,27 @@ class HostBackend:
 
     def argmax(self, x: Value) -> Value:
         ids = argmax_rows_numpy(widen_rows(x))  # [R] int32
+        return Value(ids, HOST, "int32", owned=True, kind="token_ids")
+
+    # -- sampling (runtime.md §17; the math is tensors/sampling.py, shared with CUDA) -------
+    def distribution(self, x: Value, sampling: Sampling) -> Value:
+        rows = widen_rows(x).astype(np.float64)  # [R, V] float64, exact
+        probs = sampling_math.distribution_rows(np, rows, sampling)  # [R, V] float64
+        return Value(probs.astype(np.float32), HOST, "float32", owned=True)
+
+    def sample(self, probs: Value, uniforms: Sequence[float]) -> Value:
+        u = np.asarray(uniforms, np.float64)  # [R]
+        ids = sampling_math.sample_rows(np, probs.data.reshape(-1, probs.shape[-1]), u)
+        return Value(ids.astype(np.int32), HOST, "int32", owned=True, kind="token_ids")
+
+    def rejection(self, p: Value, q: Sequence[Value] | None, drafts: Sequence[int],
+                  uniforms: Sequence[float]) -> Value:
+        width = p.shape[-1]
+        q_rows = None if q is None else np.concatenate(
+            [v.data.reshape(-1, width) for v in q])[None]  # [1, k, V] float32
+        a, token = sampling_math.rejection_sample(
+            np, p.data.reshape(1, -1, width), q_rows,
+            np.asarray([list(drafts)], np.int64).reshape(1, len(drafts)),
+            np.asarray([list(uniforms)], np.float64))
+        ids = np.asarray([a[0], token[0]], np.int32)  # [2]: a, then the correction or bonus
         return Value(ids, HOST, "int32", owned=True, kind="token_ids")

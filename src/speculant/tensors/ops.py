@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import Value
 
 
@@ -48,5 +49,12 @@ class TensorOps(Protocol):
     def zeros(self, shape: Sequence[int], dtype: str, residency: str) -> Value: ...
 
     def argmax_rows(self, x: Value) -> Value: ...
+
+    def distribution_rows(self, scores: Value, sampling: Sampling) -> Value: ...
+
+    def sample_rows(self, probs: Value, uniforms: Sequence[float]) -> Value: ...
+
+    def rejection_sample(self, p: Value, q: Sequence[Value] | None, drafts: Sequence[int],
+                         uniforms: Sequence[float]) -> Value: ...
 
     def adopt(self, v: Value, residency: str) -> Value: ...

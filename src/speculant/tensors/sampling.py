@@ -1,0 +1,136 @@
+"""Sampling math (runtime.md §17), written once over an array module ``xp``.
+
+The host backend calls these functions with ``numpy`` and the CUDA backend with ``cupy``, so
+the two run the same operations in the same order: the same sort of values (never a sort
+whose tie order matters), the same cumulative sums, the same comparisons. Ties are broken by
+the lower id through counts over id order, never through the stability of a library sort.
+Internally everything is float64; probability rows are stored as float32.
+
+* :func:`distribution_rows` is ``T(row)`` (§17.1): scores -> a distribution per row.
+* :func:`sample_rows` draws one id per row by inverse CDF with a given uniform.
+* :func:`rejection_sample` is the speculative verifier (§17.4), batched: a pure function of
+  ``(p, q, drafts, uniforms)``. With ``q = None`` the drafts are deterministic (``q = δ_d``).
+
+The uniforms come from the caller (one generator per request, on the host), so these
+functions are deterministic: the same inputs give the same ids on either backend, up to the
+rounding of float64 cumulative sums at a boundary of measure zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The parameters of ``T(row)``. ``temperature > 0``; ``top_k = 0`` keeps every id;
+    ``top_p = 1.0`` and ``min_p = 0.0`` filter nothing. Checked at request admission."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+
+def _first_true(xp: ModuleType, mask: Any, default: int) -> Any:
+    """[R] int64: the lowest column where ``mask`` [R, V] is true, ``default`` where none."""
+    width = mask.shape[-1]
+    columns = xp.arange(width, dtype=xp.int64)
+    first = xp.where(mask, columns, width).min(axis=-1)
+    return xp.where(first < width, first, default)
+
+
+def _keep_most_probable(xp: ModuleType, w: Any, count: Any) -> Any:
+    """``w`` [R, V] float64 with all but the ``count`` [R, 1] largest entries of each row
+    zeroed; among equal values the lower ids are kept."""
+    descending = -xp.sort(-w, axis=-1)  # [R, V] values only: tie order cannot matter
+    threshold = xp.take_along_axis(descending, count - 1, axis=-1)  # [R, 1]
+    greater = w > threshold
+    equal = w == threshold
+    room = count - greater.sum(axis=-1, keepdims=True)  # [R, 1] equal values still kept
+    keep = greater | (equal & (xp.cumsum(equal, axis=-1) <= room))
+    return xp.where(keep, w, 0.0)
+
+
+def distribution_rows(xp: ModuleType, rows: Any, sampling: Sampling) -> Any:
+    """``T(row)`` for ``rows`` [R, V] float64 (scores widened exactly); [R, V] float64.
+
+    NaN gets probability 0; the rest is ``softmax(score / temperature)``, where ``+inf``
+    scores share all the mass and a row whose non-NaN scores are all ``-inf`` is one-hot at
+    its argmax (runtime.md §7; an all-NaN row is one-hot at 0). Then, in this order: keep the
+    ``top_k`` most probable ids; keep the smallest prefix of ids by descending probability
+    whose mass reaches ``top_p`` of the (renormalized) total; drop ids below ``min_p`` times
+    the largest probability; renormalize. Ties always go to the lower id.
+    """
+    width = rows.shape[-1]
+    is_nan = xp.isnan(rows)
+    key = xp.where(is_nan, -xp.inf, rows / sampling.temperature)  # [R, V] float64
+    top = key.max(axis=-1, keepdims=True)  # [R, 1]
+    finite_top = xp.isfinite(top)
+    w = xp.exp(key - xp.where(finite_top, top, 0.0))  # softmax numerators; -inf -> 0
+    w = xp.where(top == xp.inf, (key == xp.inf).astype(xp.float64), w)
+    columns = xp.arange(width, dtype=xp.int64)
+    argmax = _first_true(xp, (key == top) & ~is_nan, 0)[:, None]  # [R, 1]
+    w = xp.where(top == -xp.inf, (columns == argmax).astype(xp.float64), w)
+    w = w / w.sum(axis=-1, keepdims=True)
+
+    if 0 < sampling.top_k < width:
+        count = xp.full((rows.shape[0], 1), sampling.top_k, dtype=xp.int64)
+        w = _keep_most_probable(xp, w, count)
+        w = w / w.sum(axis=-1, keepdims=True)
+    if sampling.top_p < 1.0:
+        descending = -xp.sort(-w, axis=-1)
+        mass = xp.cumsum(descending, axis=-1)  # [R, V]
+        reached = mass >= sampling.top_p * mass[:, -1:]
+        count = _first_true(xp, reached, width - 1)[:, None] + 1  # [R, 1] ids kept
+        w = _keep_most_probable(xp, w, count)
+    if sampling.min_p > 0.0:
+        w = xp.where(w >= sampling.min_p * w.max(axis=-1, keepdims=True), w, 0.0)
+    return w / w.sum(axis=-1, keepdims=True)
+
+
+def sample_rows(xp: ModuleType, probs: Any, uniforms: Any) -> Any:
+    """One id per row of ``probs`` [R, V] (any non-negative weights) with ``uniforms`` [R] in
+    [0, 1): the lowest id whose cumulative weight exceeds ``u`` times the row's total.
+    An id of weight 0 is never drawn. [R] int64."""
+    cumulative = xp.cumsum(probs.astype(xp.float64), axis=-1)  # [R, V]
+    total = cumulative[:, -1:]
+    return _first_true(xp, cumulative > uniforms[:, None] * total, 0)
+
+
+def rejection_sample(xp: ModuleType, p: Any, q: Any | None, drafts: Any,
+                     uniforms: Any) -> tuple[Any, Any]:
+    """Speculative rejection sampling (runtime.md §17.4) for a batch of ``B`` rounds.
+
+    ``p`` [B, k + 1, V]: the target's distributions at block positions 1 … k + 1 (row ``i``
+    scores the token after ``block[0..i]``). ``q`` [B, k, V]: the distributions the drafts
+    were drawn from, or None for deterministic drafts (``q = δ_d``). ``drafts`` [B, k] ids.
+    ``uniforms`` [B, k + 1] in [0, 1): one acceptance uniform per draft, then the uniform of
+    the correction or bonus draw (all drawn whatever the outcome, so the draw order is fixed).
+
+    Draft ``i`` is accepted when ``u_i · q_i(d_i) < p_i(d_i)`` (that is, with probability
+    ``min(1, p/q)``); at the first rejection the correction is drawn from
+    ``norm(max(0, p_i − q_i))`` (``p_i`` itself if that has no mass, which rounding alone can
+    cause); when all ``k`` are accepted the bonus is drawn from ``p_{k+1}``.
+    Returns ``(a, token)``, each [B] int64: ``a = 1 +`` the accepted drafts.
+    """
+    batch, k = drafts.shape
+    width = p.shape[-1]
+    drafts = drafts.astype(xp.int64)
+    p = p.astype(xp.float64)
+    if q is None:
+        q = (xp.arange(width, dtype=xp.int64) == drafts[..., None]).astype(xp.float64)
+    else:
+        q = q.astype(xp.float64)
+    p_draft = xp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]  # [B, k]
+    q_draft = xp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]  # [B, k]
+    accepted = uniforms[:, :k] * q_draft < p_draft  # [B, k]
+    num_accepted = _first_true(xp, ~accepted, k) if k else xp.zeros(batch, xp.int64)  # [B]
+    residual = xp.maximum(p[:, :k] - q, 0.0)  # [B, k, V]
+    has_mass = residual.sum(axis=-1, keepdims=True) > 0
+    residual = xp.where(has_mass, residual, p[:, :k])
+    candidates = xp.concatenate([residual, p[:, k:]], axis=1)  # [B, k + 1, V]
+    final = xp.take_along_axis(candidates, num_accepted[:, None, None], axis=1)[:, 0]  # [B, V]
+    return num_accepted + 1, sample_rows(xp, final, uniforms[:, k])
