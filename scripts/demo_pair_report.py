@@ -79,7 +79,7 @@ def real_text(engine, items) -> dict:
                 state = DecodeState(seam, plan, StopRules(1, frozenset(), (), None), admitted,
                                     text[:c + 2], c + 1, cells, consumed=c + 1, latest=vp,
                                     keep=c + 1)
-                drafts = engine.proposer.propose(state, k)
+                drafts = engine.proposer.propose(state, k).tokens
                 a = 1
                 while a <= k and drafts[a - 1] == text[c + 1 + a]:
                     a += 1

@@ -28,6 +28,7 @@ from speculant.fixtures import definition as fx
 from speculant.fixtures import reference as ref
 from speculant.fixtures.trace import Trace, chained_drafts, speculative_trace
 from speculant.speculative import chained
+from speculant.speculative import proposal as proposal_module
 from speculant.speculative.chained import ChainedProposer
 from speculant.tensors import Value
 from speculant.workflow.decode import empty_cells
@@ -123,19 +124,19 @@ def run_recorded(engine: speculant.Engine, mp: pytest.MonkeyPatch, prompt, k: in
     if proposer is not None:
         propose, invoke = proposer.propose, proposer.session.invoke
 
-        def recording_propose(state: DecodeState, width: int) -> list[int]:
+        def recording_propose(state: DecodeState, width: int) -> proposal_module.Proposal:
             nonlocal current
             current = []
             proposal = Proposal(list(state.tokens), state.consumed, state.latest.start,
                                 len(state.latest.tokens), state.keep, width, [], current,
                                 state)
             try:
-                drafts = propose(state, width)
+                drafted = propose(state, width)
             finally:
                 current = None
-            proposal.drafts = list(drafts)
+            proposal.drafts = list(drafted.tokens)
             rec.proposals.append(proposal)
-            return drafts
+            return drafted
 
         def recording_invoke(inputs, outputs=None):
             produced = invoke(inputs, outputs)
@@ -230,7 +231,7 @@ def oracle_drafts(engine: speculant.Engine, proposal: Proposal) -> list[int]:
     state = DecodeState(engine.seam, live.plan, live.rules, live.admitted, list(proposal.tokens),
                         live.prompt_len, dict(vp.presents), consumed=consumed, latest=vp,
                         keep=consumed)
-    return ChainedProposer.propose(engine.proposer, state, proposal.k)
+    return ChainedProposer.propose(engine.proposer, state, proposal.k).tokens
 
 
 def reference_drafts(proposal: Proposal, dtype: str) -> list[int]:
@@ -480,7 +481,8 @@ def plant_unchained_carry(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(ChainedProposer, "_in_currency", planted)
 
 
-def _propose_without_bootstrap(self: ChainedProposer, state: DecodeState, k: int) -> list[int]:
+def _propose_without_bootstrap(self: ChainedProposer, state: DecodeState,
+                               k: int) -> proposal_module.Proposal:
     """runtime.md §9.4 without step 0: the first step embeds p with carry_0 and its
     prediction is taken as d_1 (k invocations)."""
     vp, keep, seam, chain = state.latest, state.keep, self.seam, self.chain
@@ -501,7 +503,7 @@ def _propose_without_bootstrap(self: ChainedProposer, state: DecodeState, k: int
         drafts.append(last)
     state.stats.proposer_invocations += k
     state.stats.argmax_rows += k
-    return drafts
+    return proposal_module.Proposal(drafts)
 
 
 def plant_skipped_bootstrap(mp: pytest.MonkeyPatch) -> None:

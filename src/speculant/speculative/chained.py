@@ -15,7 +15,9 @@ from speculant.errors import ChainError, ContractError
 from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
 from speculant.session.session import ComponentSession
+from speculant.speculative.proposal import Proposal
 from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
+from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState
 
 SCALE_ROWS_PER_CHUNK = 4096
@@ -82,8 +84,10 @@ class ChainedProposer:
                 self.seam.counters.embedding_table_mirrors += 1
         return self._table
 
-    def propose(self, state: DecodeState, k: int) -> list[int]:
-        """Run ``k + 1`` drafter steps (bootstrap included) and return ``k`` drafts."""
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        """Run ``k + 1`` drafter steps (bootstrap included) and return ``k`` drafts: each
+        the argmax of its step's row, or under sampling a draw from ``q_j = T(row)``,
+        returned with the ``q_j`` (the bootstrap step draws nothing)."""
         vp, keep = state.latest, state.keep
         assert vp is not None
         seam, chain = self.seam, self.chain
@@ -110,6 +114,7 @@ class ChainedProposer:
         fused = seam.zeros(self._step_shape(table.shape[1], carry.shape[-1]), chain.currency,
                            self.residency)  # [1, 1, W_F] currency, one buffer per proposal
         last, drafts = vp.tokens[keep - 1], []  # s: the last consumed token
+        probs: list[Value] = []  # q_j = T(step j's row) when sampling (runtime.md §17.3)
         for j in range(k + 1):
             if not 0 <= last < table.shape[0]:
                 raise ChainError(f"token {last} is outside the embedding table's {table.shape[0]}"
@@ -128,15 +133,16 @@ class ChainedProposer:
                 last = state.pending  # bootstrap: its prediction is p, already known
                 continue
             logits = out[chain.logits_output]  # [1, 1, V] draft scores
-            last = seam.read_token_ids(seam.argmax_rows(
-                seam.last_along_axis(logits, logits.rank - 2)))[0]
+            row = seam.last_along_axis(logits, logits.rank - 2)
+            last, q = choose(seam, state.sampler, row, state.stats)  # 4 bytes read back
             if self.target_vocab is not None and not 0 <= last < self.target_vocab:
                 raise ChainError(f"drafted token {last} is outside the target vocabulary "
                                  f"[0, {self.target_vocab})", value=last)
             drafts.append(last)
+            if q is not None:
+                probs.append(q)
         state.stats.proposer_invocations += k + 1
-        state.stats.argmax_rows += k
-        return drafts
+        return Proposal(drafts, probs if state.sampler is not None else None)
 
     # -- bindings fixed for one proposal (runtime.md §9.2) ---------------------------------
     def _fixed_bindings(self, state: DecodeState) -> dict[str, Value]:

@@ -1,8 +1,19 @@
-"""Verification: pure functions of the block and the target's choices (runtime.md §10-§11)."""
+"""Verification (runtime.md §10-§11, §17.4): which block positions the target accepts, and the
+token it commits after them.
+
+``greedy_accept`` is a pure function of the block and the target's choices. Under sampling the
+pure function is ``tensors.sampling.rejection_sample`` (the same code over numpy and CuPy),
+reached through the seam so that the rows stay where they were produced; :func:`verify` picks
+one or the other and returns what the round commits.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from speculant.tensors import TensorSeam, Value
+from speculant.workflow.sampler import Sampler
+from speculant.workflow.stats import DecodeStats
 
 
 def greedy_accept(block: Sequence[int], target: Sequence[int]) -> int:
@@ -17,3 +28,27 @@ def greedy_accept(block: Sequence[int], target: Sequence[int]) -> int:
     while a < len(block) and block[a] == target[a]:
         a += 1
     return a
+
+
+def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logits: Value,
+           q: Sequence[Value] | None, stats: DecodeStats) -> tuple[int, int]:
+    """``(a, t[a])`` for the block ``[p, d_1 … d_k]`` from the verification scores ``logits``
+    [1, k + 1, V] (row ``i`` scores the token after ``block[0..i]``).
+
+    Greedy (``sampler`` None): ``t`` is the argmax of every row (``k + 1`` ids read back) and
+    ``a`` comes from :func:`greedy_accept`. Sampling: speculative rejection sampling against
+    ``p_i = T(row i − 1)`` with the drafts' distributions ``q`` (None: deterministic drafts,
+    ``q = δ_d``), drawing ``k`` acceptance uniforms then the correction or bonus; ``a`` and
+    the token are read back (8 bytes).
+    """
+    drafts = block[1:]
+    if sampler is None:
+        t = [block[0], *seam.read_token_ids(seam.argmax_rows(logits))]  # k + 1 ids
+        stats.argmax_rows += len(block)
+        a = greedy_accept(block, t)
+        return a, t[a]
+    p = seam.distribution_rows(logits, sampler.params)  # [k + 1, V] float32
+    stats.sampled_rows += len(block)
+    a, token = seam.read_token_ids(seam.rejection_sample(p, q, drafts,
+                                                         sampler.uniforms(len(drafts) + 1)))
+    return a, token

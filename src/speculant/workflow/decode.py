@@ -7,6 +7,7 @@ import numpy as np
 from speculant.errors import AdmissionError
 from speculant.package.package import Package
 from speculant.tensors import NUMPY_DTYPES, Value
+from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState
 from speculant.workflow.target_pass import TargetPass
 
@@ -45,13 +46,13 @@ def empty_cells(package: Package) -> dict[str, Value]:
 
 
 def prefill(state: DecodeState, target: TargetPass) -> list[int]:
-    """Pass over the prompt from empty caches; commit the first token (it becomes pending)."""
+    """Pass over the prompt from empty caches; commit the first token (it becomes pending):
+    the argmax of the last row, or under sampling a draw from its ``T(row)``."""
     seam = state.seam
     prompt = state.tokens[: state.prompt_len]
     vp = target.run(prompt, 0, state.cells, state.admitted)
     last_row = seam.last_along_axis(vp.logits, vp.logits.rank - 2)  # [1, 1, V]
-    first = seam.read_token_ids(seam.argmax_rows(last_row))[0]
+    first, _ = choose(seam, state.sampler, last_row, state.stats)
     state.stats.target_passes += 1
-    state.stats.argmax_rows += 1
     state.advance(vp, len(prompt))
     return state.commit([first])

@@ -11,8 +11,11 @@ from speculant.errors import RequestError
 from speculant.package.model import TensorContract, WorkflowInput
 from speculant.package.plan import LoadPlan
 from speculant.tensors import NUMPY_DTYPES, Value
+from speculant.tensors.sampling import Sampling
 
 CONTROL_SEEDS = {"active": True, "done": False, "accepted_len": 0}
+# The proposer kinds a request may name (the classes are chosen in speculative/factory.py).
+PROPOSER_KINDS = ("chained", "draft", "prompt_lookup")
 
 
 @dataclass(frozen=True)
@@ -21,14 +24,19 @@ class Request:
 
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
-    proposer: str | None = None  # None (plain decode), "auto" or "chained"
+    proposer: str | None = None  # None (plain decode), "auto" or one of PROPOSER_KINDS
     k: int | None = None  # drafts per round asked for
     stop_token_ids: tuple[int, ...] = ()  # added to the package's EOS ids
     stop_sequences: tuple[tuple[int, ...], ...] = ()  # token-id sequences that end the stream
     stop_on_eos: bool = True
     inputs: Mapping[str, np.ndarray] = field(default_factory=dict)  # caller values
     max_context: int | None = None
-    seed: int = 0
+    seed: int = 0  # seeds the request's one generator (sampling draws)
+    temperature: float = 0.0  # 0: greedy (argmax), bit-exact
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    min_p: float = 0.0
+    ngram_range: tuple[int, int] = (1, 3)  # prompt lookup: n from max down to min
 
 
 @dataclass
@@ -39,8 +47,9 @@ class Admitted:
     defaults: dict[str, WorkflowInput]  # materialized per pass at the pass's resolved shape
     controls: dict[str, Value]  # "active"/"done"/"accepted_len" -> current value
     context_cap: int | None  # M (runtime.md §13); None: no cap
-    proposer: str | None  # resolved: None or "chained"
+    proposer: str | None  # resolved: None or one of PROPOSER_KINDS
     k: int  # drafts per round (0 when plain decode)
+    sampling: Sampling | None = None  # T(row) in force; None: greedy
 
 
 def literal_value(name: str, spec: WorkflowInput, shape: tuple[int, ...]) -> Value:
@@ -153,19 +162,23 @@ def admit(plan: LoadPlan, inputs_spec: Mapping[str, WorkflowInput], request: Req
                            f"{context_cap}", path="prompt_ids", value=len(prompt),
                            expected=f"fewer than {context_cap} tokens")
     proposer, k = _choose_proposer(plan, request)
-    return Admitted(fixed, defaults, controls, context_cap, proposer, k)
+    return Admitted(fixed, defaults, controls, context_cap, proposer, k,
+                    sampling_of(request))
 
 
 def _request_role_value(name: str, spec: WorkflowInput, request: Request) -> Value:
     role = spec.role.role
-    greedy = {"sampling_temperature": 0.0, "sampling_top_k": 1, "sampling_top_p": 1.0,
-              "sampling_min_p": 0.0}
+    sampling = sampling_of(request)
+    in_force = ({"sampling_temperature": 0.0, "sampling_top_k": 1, "sampling_top_p": 1.0,
+                 "sampling_min_p": 0.0} if sampling is None else
+                {"sampling_temperature": sampling.temperature, "sampling_top_k": sampling.top_k,
+                 "sampling_top_p": sampling.top_p, "sampling_min_p": sampling.min_p})
     if role in ("max_output_tokens", "max_iterations"):
         number: float = request.max_new_tokens
     elif role == "seed":
         number = request.seed
-    elif role in greedy:
-        number = greedy[role]
+    elif role in in_force:
+        number = in_force[role]
     else:
         raise RequestError(f"request input '{name}' has role '{role}', which speculant does not "
                            "derive for a caller", path=name, value=role)
@@ -174,27 +187,62 @@ def _request_role_value(name: str, spec: WorkflowInput, request: Request) -> Val
                       spec.contract.dtype)
 
 
+def sampling_of(request: Request) -> Sampling | None:
+    """The request's sampling settings, checked (runtime.md §17); None for greedy."""
+    checks = (("temperature", request.temperature, request.temperature >= 0, ">= 0"),
+              ("top_k", request.top_k, request.top_k >= 0, ">= 0 (0: no limit)"),
+              ("top_p", request.top_p, 0 < request.top_p <= 1, "in (0, 1]"),
+              ("min_p", request.min_p, 0 <= request.min_p <= 1, "in [0, 1]"),
+              ("seed", request.seed, request.seed >= 0, "an integer >= 0"))
+    for name, value, ok, expected in checks:
+        if not ok:  # NaN fails every comparison, so it lands here too
+            raise RequestError(f"{name} = {value} is outside its range", path=name,
+                               value=value, expected=expected)
+    if request.temperature == 0:
+        return None
+    return Sampling(float(request.temperature), int(request.top_k), float(request.top_p),
+                    float(request.min_p))
+
+
 def _choose_proposer(plan: LoadPlan, request: Request) -> tuple[str | None, int]:
-    """Proposer choice and width checks of runtime.md §2.4."""
+    """Proposer choice and width checks of runtime.md §2.4 and §18.
+
+    The bound on ``k``: ``max_proposal_width`` for the declared chained proposer; the
+    smallest ``rollback_positions`` of the target's state groups for prompt lookup and a
+    draft model (whose own groups are checked when it is attached to the request).
+    """
     name, k = request.proposer, request.k
     if name is None:
         return None, 0
     if name == "auto":
         return None, 0  # resolved by the engine, which knows the auto-enable rule
-    if name != "chained":
+    if name not in PROPOSER_KINDS:
         raise RequestError(f"unknown proposer '{name}'", path="proposer", value=name,
-                           expected="'chained' or 'auto'")
-    if plan.chain is None:
+                           expected=f"one of {', '.join(map(repr, PROPOSER_KINDS))} or 'auto'")
+    if name == "chained" and plan.chain is None:
         raise RequestError("this package declares no chained speculative contract "
                            "(no 'speculative' section with proposal_execution.kind: chained)",
                            path="speculative", value=name,
-                           remedy="decode without a proposer")
+                           remedy="decode without a proposer, or use proposer='prompt_lookup'")
     if k is None or k < 1:
         raise RequestError(f"k must be at least 1 when a proposer is named, got {k}", path="k",
                            value=k, expected=">= 1")
-    bound = plan.rollback_bound
+    if name == "chained":
+        bound, field_path = plan.rollback_bound, "speculative.max_proposal_width"
+    else:
+        bound, field_path = plan.undeclared_rollback_bound, "rollback_positions"
+        if bound is None:
+            raise RequestError(
+                f"proposer '{name}' needs every state group of the target to declare "
+                "capabilities.rollback_positions (the rollback bound), and this package does "
+                "not", path="rollback_positions", value=name,
+                remedy="declare rollback_positions on the target's state groups")
     if bound is not None and k > bound:
-        raise RequestError(f"k = {k} exceeds speculative.max_proposal_width = {bound}",
-                           path="speculative.max_proposal_width", value=k,
-                           expected=f"1 <= k <= {bound}")
-    return "chained", k
+        raise RequestError(f"k = {k} exceeds {field_path} = {bound}", path=field_path,
+                           value=k, expected=f"1 <= k <= {bound}")
+    low, high = request.ngram_range
+    if name == "prompt_lookup" and not 1 <= low <= high:
+        raise RequestError(f"ngram_range = {request.ngram_range} is not (n_min, n_max) with "
+                           "1 <= n_min <= n_max", path="ngram_range",
+                           value=request.ngram_range, expected="1 <= n_min <= n_max")
+    return name, k

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,8 +10,30 @@ import numpy as np
 from speculant.package.plan import LoadPlan
 from speculant.tensors import TensorSeam, Value
 from speculant.workflow.request import Admitted
+from speculant.workflow.sampler import Sampler
 from speculant.workflow.stats import DecodeStats
 from speculant.workflow.target_pass import PassResult
+
+
+def truncate_cells(seam: TensorSeam, plan: LoadPlan, cells: Mapping[str, Value],
+                   length: int) -> dict[str, Value]:
+    """Rollback, the one mechanism: ``cells`` with every ``rollback_state`` cell cut to its
+    first ``length`` positions on its group's sequence axis (a view for a contiguous prefix,
+    a copy where it is strided), every copy in one write batch. The target's state
+    (:meth:`DecodeState.advance`) and a draft model's own state both roll back through it."""
+    kept = dict(cells)
+    with seam.write_batch():  # every truncation copy, then one fence at most
+        for name in plan.rollback_state:
+            kept[name] = seam.truncate_axis(cells[name], plan.cells[name].sequence_axis, length)
+    return kept
+
+
+def set_control(admitted: Admitted, control: str, number: int | bool) -> None:
+    """Set serving control ``control`` (``active``, ``done``, ``accepted_len``), if bound."""
+    current = admitted.controls.get(control)
+    if current is not None:
+        array = np.full(current.shape, number, dtype=current.data.dtype)
+        admitted.controls[control] = Value.host(array, current.dtype)
 
 
 @dataclass(frozen=True)
@@ -46,6 +68,7 @@ class DecodeState:
     keep: int = 0
     stop_reason: str | None = None
     stats: DecodeStats = field(default_factory=DecodeStats)
+    sampler: Sampler | None = None  # T(row) and the request's generator; None: greedy
 
     @property
     def pending(self) -> int:
@@ -96,24 +119,17 @@ class DecodeState:
     def advance(self, vp: PassResult, keep: int) -> None:
         """Adopt the pass's caches for its first ``keep`` positions: C' = C0 + keep.
 
-        The one place caches roll back: every ``rollback_state`` cell is truncated along its
-        group's sequence axis to ``C0 + keep`` — never ``C0 + keep + 1``: position ``C0 + keep``
-        holds a rejected draft, and the correction now pending is consumed there next pass.
+        The target's rollback (through :func:`truncate_cells`): every ``rollback_state`` cell
+        is truncated along its group's sequence axis to ``C0 + keep`` — never
+        ``C0 + keep + 1``: position ``C0 + keep`` holds a rejected draft, and the correction
+        now pending is consumed there next pass.
         """
         new_consumed = vp.start + keep
-        self.cells = dict(vp.presents)
-        if keep < len(vp.tokens):
-            with self.seam.write_batch():  # every truncation copy, then one fence at most
-                for name in self.plan.rollback_state:
-                    cell = self.plan.cells[name]
-                    self.cells[name] = self.seam.truncate_axis(
-                        vp.presents[name], cell.sequence_axis, new_consumed)
+        self.cells = (truncate_cells(self.seam, self.plan, vp.presents, new_consumed)
+                      if keep < len(vp.tokens) else dict(vp.presents))
         self.consumed = new_consumed
         self.latest, self.keep = vp, keep
         self._set_control("accepted_len", keep)
 
     def _set_control(self, control: str, number: int | bool) -> None:
-        current = self.admitted.controls.get(control)
-        if current is not None:
-            array = np.full(current.shape, number, dtype=current.data.dtype)
-            self.admitted.controls[control] = Value.host(array, current.dtype)
+        set_control(self.admitted, control, number)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 class DecodeStats:
     """Kept by the decode state's owner; every identity of evidence.md §2 holds on it."""
 
+    proposer: str | None = None  # the proposer kind of the run (None: plain decode)
     rounds: int = 0  # rounds with k_r >= 1 (a proposal, a verification pass, a commit)
     greedy_steps: int = 0  # passes over the pending token alone (k_r = 0)
     target_passes: int = 0  # prefill + rounds + greedy steps
@@ -20,8 +21,9 @@ class DecodeStats:
     rollbacks: int = 0  # rounds with a_r <= k_r (a correction)
     rolled_back_positions: int = 0  # sum over rollbacks of (k_r + 1 - a_r)
     rolled_back_cells: int = 0  # rollbacks x len(rollback_state)
-    proposer_invocations: int = 0
-    argmax_rows: int = 0  # score rows reduced to a token id
+    proposer_invocations: int = 0  # k_r + 1 per round (chained), k_r (draft model), 0 (lookup)
+    argmax_rows: int = 0  # score rows reduced to a token id by argmax (greedy)
+    sampled_rows: int = 0  # score rows turned into T(row) and drawn from or verified against
     committed: int = 0  # N: tokens appended to the output
     trace: list[tuple[int, int]] = field(default_factory=list)  # (k_r, a_r) per round
     proposed_at: list[int] = field(default_factory=list)  # [i]: drafts proposed at position i+1
