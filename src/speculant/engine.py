@@ -13,12 +13,15 @@ from speculant.errors import RequestError
 from speculant.package.package import Package
 from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
+from speculant.speculative.draft_model import DraftModel
+from speculant.speculative.factory import ProposerSources, make_proposer
 from speculant.speculative.round import run_round
 from speculant.tensors.seam import make_seam, residency_for_device
 from speculant.text.detokenizer import IncrementalDetokenizer
 from speculant.text.tokenizer import load_tokenizer
 from speculant.workflow.decode import empty_cells, prefill
 from speculant.workflow.request import Request, admit
+from speculant.workflow.sampler import Sampler
 from speculant.workflow.state import DecodeState, StopRules
 from speculant.workflow.stats import DecodeStats
 from speculant.workflow.target_pass import TargetPass
@@ -42,11 +45,12 @@ class Engine:
 
     def __init__(self, package: Package, device: str = "cpu", *, use_tf32: bool = False,
                  outputs_on_host: bool = False, ordering: str = "shared_stream",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, draft: Package | None = None) -> None:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
         the host-staged configuration that parity tests compare against, never a default.
         ``threads`` sets ONNX Runtime's intra-op thread count of every session (None: ORT's
-        default, one per physical core)."""
+        default, one per physical core). ``draft`` is a greedy-decoder package loaded beside
+        the target as its draft model (``proposer="draft"``), on the same device."""
         self.package = package
         self.device = residency_for_device(device)
         self.seam = make_seam(self.device, ordering=ordering)
@@ -58,36 +62,34 @@ class Engine:
                                    artifact=str(package.artifacts[name]), threads=threads)
             for name in (plan.target, plan.proposer) if name is not None}
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])
-        self.vocab_size = self._target_vocab()
+        self.vocab_size = package.logits_width
         self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam,
                                          self.vocab_size)
                          if plan.chain is not None and plan.proposer else None)
         self.tokenizer = load_tokenizer(package.tokenizer_file, eos_token_ids=plan.eos_ids,
                                         package=str(package.root))
+        self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
+                                 outputs_on_host=outputs_on_host, threads=threads)
+                      if draft is not None else None)
         self.stats: DecodeStats | None = None  # the latest decode's statistics
-
-    def _target_vocab(self) -> int | None:
-        plan, wf = self.package.plan, self.package.document.workflow
-        logits_port = plan.port_by_role.get("logits", "logits")
-        ports = wf.components[plan.target].ports
-        contract = ports.outputs.get(logits_port) if ports else None
-        if contract is not None and isinstance(contract.dims[-1], int):
-            return contract.dims[-1]
-        for output in self.package.graphs[plan.target].graph.output:
-            if output.name == logits_port:
-                dims = output.type.tensor_type.shape.dim
-                if dims and dims[-1].HasField("dim_value"):
-                    return dims[-1].dim_value
-        model = self.package.document.model
-        return model.vocab_size if model else None
 
     # -- decoding -------------------------------------------------------------------------
     def request(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *,
                 speculative: bool = False, proposer: str | None = None, k: int | None = None,
                 stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
                 stop_on_eos: bool = True, inputs: Mapping[str, np.ndarray] | None = None,
-                max_context: int | None = None, seed: int = 0) -> Request:
-        """Turn API arguments into a :class:`Request` (text prompts are tokenized)."""
+                max_context: int | None = None, seed: int = 0, temperature: float = 0.0,
+                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                ngram_range: tuple[int, int] = (1, 3)) -> Request:
+        """Turn API arguments into a :class:`Request` (text prompts are tokenized).
+
+        ``proposer``: None (plain decoding), ``"chained"`` (the package's declared proposer;
+        ``speculative=True`` means this), ``"draft"`` (the draft model given to :func:`load`),
+        ``"prompt_lookup"`` (n-grams of the stream, ``ngram_range = (n_min, n_max)``) or
+        ``"auto"``; ``k`` drafts per round. ``temperature`` 0 is greedy (argmax, bit-exact);
+        above 0 tokens are sampled from ``T(row)`` (``top_k`` 0: no limit, ``top_p``,
+        ``min_p``) with one generator seeded by ``seed``, and speculation verifies by
+        rejection sampling, so the output follows the target's distribution exactly."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if any(np.ndim(i) != 0 for i in ids):
             raise RequestError("the prompt has more than one row; speculant decodes one "
@@ -98,7 +100,8 @@ class Engine:
         sequences = tuple(tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in stop)
         return Request(tuple(int(i) for i in ids), max_new_tokens, proposer, k,
                        tuple(stop_token_ids), sequences, stop_on_eos, dict(inputs or {}),
-                       max_context, seed)
+                       max_context, seed, temperature, top_k, top_p, min_p,
+                       tuple(ngram_range))  # type: ignore[arg-type]
 
     def decode(self, request: Request) -> Iterator[int]:
         """Yield committed token ids as they are committed; stats land in ``self.stats``."""
@@ -113,15 +116,18 @@ class Engine:
             stop_ids.update(plan.eos_ids)
         rules = StopRules(request.max_new_tokens, frozenset(stop_ids), request.stop_sequences,
                           admitted.context_cap)
+        proposer = make_proposer(admitted.proposer, self._proposer_sources, request, admitted.k)
+        sampler = (Sampler.seeded(admitted.sampling, request.seed)
+                   if admitted.sampling is not None else None)
         state = DecodeState(self.seam, plan, rules, admitted, list(request.prompt_ids),
-                            len(request.prompt_ids), empty_cells(self.package))
+                            len(request.prompt_ids), empty_cells(self.package), sampler=sampler)
+        state.stats.proposer = admitted.proposer
         self.stats = state.stats
         try:
             if not self._controls_allow_a_pass(admitted):
                 state.stop_reason = "inactive"
                 return
             yield from prefill(state, self.target)
-            proposer = self.proposer if admitted.proposer == "chained" else None
             while not state.is_stopped:
                 yield from run_round(state, self.target, proposer, admitted.k)
         finally:
@@ -157,6 +163,11 @@ class Engine:
             yield tail
 
     # -- helpers --------------------------------------------------------------------------
+    @property
+    def _proposer_sources(self) -> ProposerSources:
+        return ProposerSources(self.proposer, self.draft, self.vocab_size,
+                               self.tokenizer.vocab_size)
+
     def _fused_values(self) -> tuple[str, ...]:
         chain = self.package.plan.chain
         if chain is None:
@@ -189,9 +200,13 @@ class Engine:
                     (done is not None and bool(done.data.reshape(-1)[0])))
 
 
-def load(path: str | Path, device: str = "cpu", **options) -> Engine:
+def load(path: str | Path, device: str = "cpu", *, draft: str | Path | None = None,
+         **options) -> Engine:
     """Load an inference package (a folder) and create its sessions on ``device``
-    (``cpu``, ``cuda`` or ``cuda:N``); ``options`` are :class:`Engine`'s keywords."""
+    (``cpu``, ``cuda`` or ``cuda:N``); ``draft`` is the folder of a greedy-decoder package
+    to load beside it as its draft model (``proposer="draft"``); ``options`` are
+    :class:`Engine`'s keywords."""
     from speculant.package.loader import load_package
 
-    return Engine(load_package(path), device, **options)
+    draft_package = load_package(draft) if draft is not None else None
+    return Engine(load_package(path), device, draft=draft_package, **options)

@@ -121,3 +121,44 @@ def plain_greedy(pair_engine):
         return cache[key]
 
     return get
+
+
+# -- draft-model and prompt-lookup fixtures -----------------------------------------------------
+@pytest.fixture(scope="session")
+def decoder8_root(tmp_path_factory) -> Path:
+    """The greedy decoder (the shared fixture function) with rollback_positions 8: the target
+    of the draft-model and prompt-lookup tests, so k runs up to 8."""
+    return write_decoder_package(tmp_path_factory.mktemp("decoder8"), rollback_positions=MAX_WIDTH)
+
+
+@pytest.fixture(scope="session")
+def draft_root(tmp_path_factory) -> Callable[..., Path]:
+    """``draft_root(**writer_knobs)``: a decoder package used as a draft model, written once
+    per knob set (rollback_positions 8 unless given)."""
+    cache: dict[tuple, Path] = {}
+
+    def get(**knobs: Any) -> Path:
+        knobs = {"rollback_positions": MAX_WIDTH, **knobs}
+        key = tuple(sorted((k, tuple(sorted(v)) if isinstance(v, (set, frozenset)) else v)
+                           for k, v in knobs.items()))
+        if key not in cache:
+            cache[key] = write_decoder_package(tmp_path_factory.mktemp("draft"), **knobs)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def draft_engine(decoder8_root, draft_root) -> Callable[..., speculant.Engine]:
+    """``draft_engine(target=None, **draft_knobs)``: the target (default: the decoder with
+    rollback_positions 8) loaded with a draft model, one engine per argument set."""
+    cache: dict[tuple, speculant.Engine] = {}
+
+    def get(target: Path | None = None, **knobs: Any) -> speculant.Engine:
+        root = draft_root(**knobs)
+        key = (target or decoder8_root, root)
+        if key not in cache:
+            cache[key] = speculant.load(target or decoder8_root, draft=root)
+        return cache[key]
+
+    return get

@@ -31,3 +31,21 @@ class Package:
         if path.name.endswith(TEXTPROTO_SUFFIX):
             return self.graphs[component].SerializeToString()
         return str(path)
+
+    @property
+    def logits_width(self) -> int | None:
+        """The target's vocabulary as its logits see it: the last extent of the logits port's
+        contract, else of the graph output, else ``model.vocab_size`` (None if unknown)."""
+        plan, workflow = self.plan, self.document.workflow
+        logits_port = plan.port_by_role.get("logits", "logits")
+        ports = workflow.components[plan.target].ports
+        contract = ports.outputs.get(logits_port) if ports else None
+        if contract is not None and isinstance(contract.dims[-1], int):
+            return contract.dims[-1]
+        for output in self.graphs[plan.target].graph.output:
+            if output.name == logits_port:
+                dims = output.type.tensor_type.shape.dim
+                if dims and dims[-1].HasField("dim_value"):
+                    return dims[-1].dim_value
+        model = self.document.model
+        return model.vocab_size if model else None

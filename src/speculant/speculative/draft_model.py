@@ -1,0 +1,125 @@
+"""The draft-model proposer (runtime.md §18): a second greedy decoder that drafts by decoding.
+
+A draft model is another package (a greedy decoder, metadata.md §8.1) loaded beside the target,
+on the same device and the same tensor seam (so its passes follow the target's residency rules:
+its logits are reduced to an id where they live and only the id is read back). Its passes run
+through the same :class:`TargetPass` as the target's, and its rollback through the same
+:func:`truncate_cells`.
+
+Per request it owns its caches and its consumed tokens ``x[0..D)``. A round's proposal runs
+one pass over ``x[D..C]`` (what it has not consumed, ending with the pending token), whose last
+row gives ``d_1``, then ``k_r − 1`` one-token passes each consuming the previous draft:
+``k_r`` invocations, after which ``D = C + k_r``. It never consumed ``d_{k_r}``, so after the
+round the stream confirms its first ``D' = C + min(a, k_r)`` positions, which is
+``min(D, C_next)`` with ``C_next = C + a``; it truncates its caches to that at the start of its
+next proposal (nothing runs on it in between), so a fully accepted block leaves it one token
+behind and its next pass consumes two.
+"""
+
+from __future__ import annotations
+
+from speculant.errors import RequestError
+from speculant.package.package import Package
+from speculant.session.session import ComponentSession
+from speculant.speculative.proposal import Proposal
+from speculant.tensors import TensorSeam, Value
+from speculant.text.tokenizer import load_tokenizer
+from speculant.workflow.decode import empty_cells
+from speculant.workflow.request import Admitted, Request, admit
+from speculant.workflow.sampler import choose
+from speculant.workflow.state import DecodeState, set_control, truncate_cells
+from speculant.workflow.target_pass import TargetPass
+
+
+class DraftModel:
+    """A loaded draft-model runtime: a greedy-decoder package, one session for its decoder on
+    the target's device and seam, and a :class:`TargetPass` that runs its passes."""
+
+    def __init__(self, package: Package, seam: TensorSeam, device: str, *,
+                 use_tf32: bool = False, outputs_on_host: bool = False,
+                 threads: int | None = None) -> None:
+        plan = package.plan
+        self.package = package
+        self.seam = seam
+        self.session = ComponentSession(
+            plan.target, package.model_source(plan.target),
+            package.document.workflow.components[plan.target].ports, device, seam,
+            use_tf32=use_tf32, outputs_on_host=outputs_on_host,
+            artifact=str(package.artifacts[plan.target]), threads=threads)
+        self.runner = TargetPass(package.document, plan, self.session)
+        self.logits_width = package.logits_width
+        self.tokenizer_vocab = load_tokenizer(package.tokenizer_file).vocab_size
+        self.rollback_bound = plan.undeclared_rollback_bound
+
+    def start(self, request: Request, k: int, *, target_logits_width: int | None,
+              target_tokenizer_vocab: int | None) -> DraftModelProposer:
+        """Admit ``request`` on the draft side (runtime.md §18) and return its proposer:
+        the vocabulary must equal the target's, its groups must allow rolling back
+        ``k − 1`` positions, and its own admission must pass."""
+        root = str(self.package.root)
+        for what, draft_size, target_size in (
+                ("logits width", self.logits_width, target_logits_width),
+                ("tokenizer vocab_size", self.tokenizer_vocab, target_tokenizer_vocab)):
+            if draft_size is not None and target_size is not None and draft_size != target_size:
+                raise RequestError(
+                    f"the draft model's vocabulary differs from the target's: {what} "
+                    f"{draft_size} (draft) != {target_size} (target)", path="draft.vocab_size",
+                    file=root, value=draft_size, expected=f"{target_size}, the target's")
+        if self.rollback_bound is None or k - 1 > self.rollback_bound:
+            raise RequestError(
+                f"the draft model's state groups allow rolling back {self.rollback_bound} "
+                f"positions; k = {k} needs {k - 1}", path="draft.rollback_positions",
+                file=root, value=k, expected=f"k - 1 <= {self.rollback_bound}")
+        draft_request = Request(request.prompt_ids, request.max_new_tokens, seed=request.seed,
+                                temperature=request.temperature, top_k=request.top_k,
+                                top_p=request.top_p, min_p=request.min_p)
+        try:
+            admitted = admit(self.package.plan, self.package.document.workflow.inputs,
+                             draft_request, vocab_size=self.logits_width,
+                             static_context_cap=self.package.plan.context_cap)
+        except RequestError as exc:
+            raise RequestError(f"the draft model cannot take this request: {exc}",
+                               path="draft", file=root) from exc
+        return DraftModelProposer(self, admitted)
+
+
+class DraftModelProposer:
+    """One request's draft model: its caches (extent ``D`` on each sequence axis) and the
+    tokens ``x[0..D)`` they hold."""
+
+    def __init__(self, model: DraftModel, admitted: Admitted) -> None:
+        self.model = model
+        self.admitted = admitted
+        self.cells: dict[str, Value] = empty_cells(model.package)
+        self.tokens: list[int] = []  # x[0..D): what the draft has consumed
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        """Up to ``k`` drafts, one draft-model pass each (capped by its own context)."""
+        seam, runner = state.seam, self.model.runner
+        self._roll_back(min(len(self.tokens), state.consumed))  # D' = C + min(a, k_r)
+        cap = self.admitted.context_cap
+        if cap is not None:  # its caches may reach extent cap - 1, as the target's do
+            k = min(k, cap - 1 - state.consumed)
+        drafts: list[int] = []
+        probs: list[Value] = []  # q_i = T(row i) when sampling (runtime.md §17.3)
+        pending = state.tokens[len(self.tokens):state.consumed + 1]  # x[D..C]
+        for _ in range(max(k, 0)):
+            vp = runner.run(pending, len(self.tokens), self.cells, self.admitted)
+            self.cells = dict(vp.presents)
+            self.tokens += pending
+            set_control(self.admitted, "accepted_len", len(pending))
+            row = seam.last_along_axis(vp.logits, vp.logits.rank - 2)  # [1, 1, V]
+            token, q = choose(seam, state.sampler, row, state.stats)  # 4 bytes read back
+            drafts.append(token)
+            if q is not None:
+                probs.append(q)
+            pending = [token]
+        state.stats.proposer_invocations += len(drafts)
+        return Proposal(drafts, probs if state.sampler is not None else None)
+
+    def _roll_back(self, length: int) -> None:
+        """Keep the first ``length`` consumed positions (the draft's own rollback)."""
+        if length < len(self.tokens):
+            self.cells = truncate_cells(self.model.seam, self.model.package.plan, self.cells,
+                                        length)
+            del self.tokens[length:]
