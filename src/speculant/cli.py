@@ -40,9 +40,25 @@ def generate(
     prompt: Annotated[str, typer.Option(help="Prompt text.")] = "def ",
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 64,
     speculative: Annotated[bool, typer.Option(help="Speculate with the declared chained "
-                                                   "proposer.")] = False,
-    k: Annotated[int | None, typer.Option(help="Drafts per round (default: the package's "
-                                               "max_proposal_width).")] = None,
+                                                   "proposer (= --proposer chained).")] = False,
+    proposer: Annotated[str | None, typer.Option(help="chained (declared by the package), "
+                                                      "draft (the --draft model) or lookup "
+                                                      "(prompt n-grams).")] = None,
+    draft: Annotated[Path | None, typer.Option(help="Draft-model package (a greedy decoder "
+                                                    "with the target's vocabulary); implies "
+                                                    "--proposer draft.")] = None,
+    k: Annotated[int | None, typer.Option(help="Drafts per round (default: the proposer's "
+                                               "bound: max_proposal_width for chained, "
+                                               "rollback_positions otherwise).")] = None,
+    temperature: Annotated[float, typer.Option(help="0: greedy; above 0: sample (the "
+                                                    "output follows the target's "
+                                                    "distribution).")] = 0.0,
+    top_k: Annotated[int, typer.Option(help="Sample among the k most probable ids (0: "
+                                            "all).")] = 0,
+    top_p: Annotated[float, typer.Option(help="Sample within the smallest set of ids of "
+                                              "this mass.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the request's sampling "
+                                           "generator.")] = 0,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
     stats: Annotated[bool, typer.Option(help="Print acceptance figures and counters to "
@@ -55,11 +71,13 @@ def generate(
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=stderr,
                       transient=True) as progress:
             progress.add_task(escape(f"loading {package or 'the demo package'} on {device}"))
-            engine = load(package or demo_package(), device=device)
-        if speculative and k is None:
-            spec = engine.package.document.speculative
-            k = spec.max_proposal_width if spec else None
-        options = dict(speculative=speculative, k=k, stop=tuple(stop or ()))
+            engine = load(package or demo_package(), device=device, draft=draft)
+        kind = CLI_PROPOSERS.get(proposer or "", proposer) or (
+            "chained" if speculative else "draft" if draft is not None else None)
+        if kind is not None and k is None:
+            k = default_width(engine, kind)
+        options = dict(proposer=kind, k=k, stop=tuple(stop or ()), temperature=temperature,
+                       top_k=top_k, top_p=top_p, seed=seed)
         generation = None
         pieces = engine.stream(prompt, max_new_tokens, **options) \
             if engine.tokenizer.has_text else None
@@ -93,6 +111,21 @@ def generate(
                  highlight=False)
     if stats:
         print_stats(run_stats)
+
+
+CLI_PROPOSERS = {"lookup": "prompt_lookup"}  # --proposer names that differ from the API's
+
+
+def default_width(engine, kind: str) -> int | None:
+    """k when --k is absent: the largest the proposer allows (None: let the API refuse)."""
+    plan = engine.package.plan
+    if kind == "chained":
+        spec = engine.package.document.speculative
+        return spec.max_proposal_width if spec else None
+    bound = plan.undeclared_rollback_bound
+    if kind == "draft" and engine.draft is not None and engine.draft.rollback_bound is not None:
+        bound = min(bound, engine.draft.rollback_bound + 1) if bound else bound
+    return bound
 
 
 def print_stats(run_stats) -> None:
