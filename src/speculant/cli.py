@@ -184,6 +184,9 @@ def bench(
     package: Annotated[Path | None, typer.Argument(help="Package folder (default: the "
                                                         "bundled demo package).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    draft: Annotated[Path | None, typer.Option(help="Draft-model package for the draft "
+                                                    "proposer (without it, draft is "
+                                                    "skipped).")] = None,
     prompts: Annotated[Path | None, typer.Option(help="JSON list of prompts (token-id lists "
                                                       "or strings); default: the package's "
                                                       "val_prompts.json, else the bundled "
@@ -212,8 +215,10 @@ def bench(
     from speculant.bench.run import BenchConfig
     from speculant.bench.runners import KS, PROPOSERS
 
-    config = BenchConfig(package or demo_package(), device, prompts, new_tokens, warmup,
-                         repeats, threads, tuple(proposer or PROPOSERS), tuple(k or KS))
+    config = BenchConfig(package or demo_package(), device=device, draft=draft,
+                         prompts_file=prompts, new_tokens=new_tokens, warmup=warmup,
+                         repeats=repeats, threads=threads,
+                         proposers=tuple(proposer or PROPOSERS), ks=tuple(k or KS))
     try:
         report = run_bench_command(config, out, shlex.join(["speculant", *sys.argv[1:]]),
                                    stderr)

@@ -81,12 +81,12 @@ def test_report_matches_the_schema(report):
     assert report["verify_width"]["widths"][0]["ratio"] == 1.0
 
 
-def test_greedy_and_chained_at_every_k_ran(report):
+def test_greedy_and_every_proposer_at_every_k_ran(report):
     names = [r["name"] for r in report["runners"]]
-    assert names[0] == "greedy"
-    assert {"chained k=1", "chained k=2", "chained k=4", "chained k=8"} <= set(names)
-    for skipped in report["skipped"]:  # proposers this engine does not offer (yet)
-        assert skipped["proposer"] != "chained" and skipped["reason"]
+    assert names == ["greedy", *(f"{p} k={k}" for p in ("chained", "draft", "prompt_lookup")
+                                 for k in (1, 2, 4, 8))]
+    assert report["skipped"] == []
+    assert report["prompts"]["count"] == 3 and report["prompts"]["source"].endswith(".json")
 
 
 def test_every_runner_decoded_exactly_n_tokens(report):
@@ -106,16 +106,17 @@ def test_speculative_runners_equal_greedy(report, bench_run, pair_path):
             assert [s.token_ids for s in samples] == greedy, result.runner.name
 
 
-def test_chained_figures_are_the_decode_stats(report):
-    for runner in report["runners"]:
-        if runner["proposer"] != "chained":
+def test_speculative_figures_are_the_decode_stats(report):
+    for runner in report["runners"][1:]:
+        assert runner["target_passes"] == report["prompts"]["count"] + runner["rounds"] + \
+            runner["greedy_steps"]
+        if runner["proposer"] == "prompt_lookup":  # no ONNX session: its time is "other"
+            assert runner["round_ms"]["proposer"]["median"] == 0
             continue
         assert runner["rounds"] > 0 and runner["proposer_invocations"] > 0
         assert len(runner["acceptance_by_position"]) == runner["k"]
-        assert runner["target_passes"] == report["prompts"]["count"] + runner["rounds"] + \
-            runner["greedy_steps"]
         assert 1 <= runner["mean_accepted_length"] <= runner["k"] + 1
-        assert runner["round_ms"]["proposer"]["median"] > 0
+        assert runner["round_ms"]["proposer"]["median"] > 0  # chained and draft sessions
     greedy = report["runners"][0]
     assert greedy["rounds"] == 0 and greedy["round_ms"]["proposer"]["median"] == 0
     assert greedy["speedup_decode"] == 1.0 and greedy["matches_greedy"] is None
@@ -154,3 +155,11 @@ def test_unavailable_runners_give_the_engine_reason(pair_path, bench_run):
     assert "max_proposal_width" in why_unavailable(engine, Runner("chained", 9), prompt)
     assert "unknown proposer" in why_unavailable(engine, Runner("no_such_proposer", 1),
                                                  prompt)
+    without_draft = speculant.load(pair_path)
+    assert "draft" in why_unavailable(without_draft, Runner("draft", 1), prompt)
+
+
+def test_the_bundled_prompts_and_every_runner_through_the_api(bench_run):
+    assert bench_run.prompts.source.startswith("bundled") and len(bench_run.prompts.prompts) == 8
+    assert [r.runner.name for r in bench_run.results][:2] == ["greedy", "chained k=1"]
+    assert len(bench_run.results) == 13 and bench_run.skipped == []

@@ -119,6 +119,7 @@ def summarize(run: BenchRun, command: str) -> dict:
         "versions": versions(),
         "package": {"path": _shown(Path(config.package)), "target": engine.package.plan.target,
                     "proposer": engine.package.plan.proposer,
+                    "draft": _shown(Path(config.draft)) if config.draft else None,
                     "max_proposal_width": spec.max_proposal_width if spec else None},
         "config": {"device": config.device, "threads": run.threads,
                    "new_tokens": config.new_tokens, "warmup": config.warmup,

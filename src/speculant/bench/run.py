@@ -41,6 +41,7 @@ WIDTH_CACHE_LENGTH = 128  # cache length of the verify-width curve, when the con
 class BenchConfig:
     package: Path
     device: str = "cpu"
+    draft: Path | None = None  # a greedy-decoder package: the draft model of proposer "draft"
     prompts_file: Path | None = None
     new_tokens: int = 32  # N: tokens every runner decodes per prompt
     warmup: int = 1  # untimed passes over the prompt set, per runner
@@ -111,7 +112,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     progress = progress or Progress()
     load_average = os.getloadavg()  # other work on the machine shows here, and in the spread
     threads = config.resolved_threads
-    engine = load(config.package, config.device, threads=threads)
+    engine = load(config.package, config.device, threads=threads, draft=config.draft)
     source, raw = read_prompts(find_prompt_file(Path(config.package), config.prompts_file),
                                engine.tokenizer)
     admitted, _ = capture_prefill(engine, raw[0][:1])

@@ -1,8 +1,9 @@
 """Where a decode's time goes, measured from outside the round.
 
-`InvokeClock` wraps `ComponentSession.invoke` of every session of an engine with
-``time.perf_counter`` accumulators (the round itself is not touched): the target's session
-counts as *target* time, every other session as *proposer* time. `verify_width_curve` times
+`InvokeClock` wraps `ComponentSession.invoke` of every session of an engine (its components',
+and its draft model's) with ``time.perf_counter`` accumulators (the round itself is not
+touched): the target's session counts as *target* time, every other session as *proposer*
+time. `verify_width_curve` times
 target passes of growing block size over one fixed cache, straight through `engine.target.run`.
 """
 
@@ -29,9 +30,11 @@ class InvokeClock:
     """
 
     def __init__(self, engine: Engine) -> None:
-        self.sessions = engine.sessions
+        self.sessions = dict(engine.sessions)
+        if engine.draft is not None:
+            self.sessions["draft"] = engine.draft.session
         self.target = engine.package.plan.target
-        self.durations: dict[str, list[float]] = {name: [] for name in engine.sessions}
+        self.durations: dict[str, list[float]] = {name: [] for name in self.sessions}
 
     def __enter__(self) -> InvokeClock:
         for name, session in self.sessions.items():
