@@ -238,9 +238,9 @@ def test_seam_sampling_ops_match_the_math():
     assert result.kind == "token_ids" and result.shape == (2,)
     a, token = seam.read_token_ids(result)
     assert (a, token) == _one_round(p.data, q[0].data, [1], [0.2, 0.4])
-    assert seam.read_token_ids(seam.rejection_sample(p[:1] if False else
-                                                     seam.slice_axis(p, 0, 0, 1), None, [],
-                                                     [0.5]))[0] == 1  # k = 0: a = 1
+    one_row = seam.slice_axis(p, 0, 0, 1)
+    for no_q in (None, []):  # k = 0 (a greedy step under sampling): a = 1
+        assert seam.read_token_ids(seam.rejection_sample(one_row, no_q, [], [0.5]))[0] == 1
 
 
 @pytest.mark.parametrize(("call", "words"), [

@@ -348,6 +348,7 @@ class TensorSeam:
             raise ContractError(f"{op}: draft ids {bad} outside [0, {width})", value=bad,
                                 expected=f"0 <= id < {width}")
         self._check_uniforms(op, uniforms, k + 1)
+        q = q if k else None  # no drafts: nothing was drawn from any q
         return self.backend_for(op, p, "p").rejection(p, q, [int(d) for d in drafts],
                                                       [float(u) for u in uniforms])
 

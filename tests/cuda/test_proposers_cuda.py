@@ -1,0 +1,108 @@
+"""The three proposers on CUDA, greedy and sampled: the same tokens and traces as on the CPU,
+and nothing but ids (and the accepted count) read back (evidence.md E1, E5, E7).
+
+Read-back accounting under sampling: 4 bytes for the prefill's draw, 4 per sampled draft, and
+8 per verification ([a, token]), greedy steps included.
+
+Run on the GPU machine: ``pytest -m cuda tests/cuda``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import speculant
+from speculant.fixtures import DEFAULT_DEVIATION_POSITIONS
+from speculant.fixtures.writers import write_chained_package, write_decoder_package
+from speculant.tensors.transfer_guard import forbid_host_transfers
+
+
+def _why_no_gpu() -> str | None:
+    """Not speculant code: CuPy's runtime and ONNX Runtime's provider list."""
+    try:
+        import cupy
+        import onnxruntime
+    except ImportError as exc:
+        return f"{exc.name} is not installed (pip install 'speculant[cuda]')"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device (getDeviceCount() == 0)"
+    except (RuntimeError, OSError) as exc:
+        return f"no usable CUDA device ({exc})"
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        return "this onnxruntime build has no CUDAExecutionProvider (pip install 'speculant[cuda]')"
+    return None
+
+
+NO_GPU = _why_no_gpu()
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))]
+
+PROMPTS = ([5, 9, 3], [20, 8, 15, 12, 2])
+MAX_NEW = 40
+PROPOSERS = ("chained", "draft", "prompt_lookup")
+DRAFT_DEVIATIONS = (DEFAULT_DEVIATION_POSITIONS - {7, 17, 40}) | {10, 28, 50}
+
+
+@pytest.fixture(scope="module", params=["float32", "float16"])
+def roots(request, tmp_path_factory) -> tuple[Path, Path]:
+    pair = write_chained_package(tmp_path_factory.mktemp(f"pair-{request.param}"),
+                                 dtype=request.param, fmt="onnx", max_proposal_width=8,
+                                 rollback_positions=8)
+    draft = write_decoder_package(tmp_path_factory.mktemp(f"draft-{request.param}"),
+                                  dtype=request.param, rollback_positions=8,
+                                  deviation_positions=DRAFT_DEVIATIONS)
+    return pair, draft
+
+
+@pytest.fixture(scope="module")
+def engines(roots):
+    pair, draft = roots
+    return {"cpu": speculant.load(pair, "cpu", draft=draft),
+            "cuda": speculant.load(pair, "cuda", draft=draft, use_tf32=False)}
+
+
+def draft_draws(stats) -> int:
+    """Sampled drafts: every draft of the chain and the draft model; none for lookup."""
+    return 0 if stats.proposer == "prompt_lookup" else stats.drafts_proposed
+
+
+@pytest.mark.parametrize("k", (1, 4, 8))
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_greedy_equals_cpu_and_reads_back_only_ids(engines, proposer, k):
+    engine = engines["cuda"]
+    for prompt in PROMPTS:
+        cpu = engines["cpu"].generate(prompt, MAX_NEW, proposer=proposer, k=k)
+        before = engine.seam.counters.snapshot()
+        with forbid_host_transfers():
+            run = engine.generate(prompt, MAX_NEW, proposer=proposer, k=k)
+        after = engine.seam.counters.snapshot()
+        assert run.token_ids == cpu.token_ids
+        assert run.stats.trace == cpu.stats.trace
+        assert after["host_staging_count"] == before["host_staging_count"]
+        assert after["device_readback_bytes"] - before["device_readback_bytes"] == \
+            4 * run.stats.argmax_rows
+
+
+@pytest.mark.parametrize("k", (1, 4))
+@pytest.mark.parametrize("proposer", (None, *PROPOSERS))
+def test_sampled_equals_cpu_and_reads_back_only_ids(engines, proposer, k):
+    """The same seed draws the same uniforms; the rows are computed on the device, so the
+    CUDA run commits the CPU run's tokens, and reads back ids and a only."""
+    engine = engines["cuda"]
+    options = {"proposer": proposer, "k": k} if proposer else {}
+    for prompt in PROMPTS:
+        for seed in (0, 1, 2):
+            sampling = {"temperature": 2.5, "top_p": 0.95, "seed": seed, **options}
+            cpu = engines["cpu"].generate(prompt, MAX_NEW, **sampling)
+            before = engine.seam.counters.snapshot()
+            with forbid_host_transfers():
+                run = engine.generate(prompt, MAX_NEW, **sampling)
+            after = engine.seam.counters.snapshot()
+            assert run.token_ids == cpu.token_ids
+            assert run.stats.trace == cpu.stats.trace
+            stats = run.stats
+            assert after["host_staging_count"] == before["host_staging_count"]
+            assert after["device_readback_bytes"] - before["device_readback_bytes"] == \
+                4 * (1 + draft_draws(stats)) + 8 * (stats.rounds + stats.greedy_steps)
