@@ -162,14 +162,20 @@ def tokenizer_sample(texts: dict[str, str], train: list[str], sample_bytes: int,
     return out
 
 
+def encode_many(tok, texts: list[str]):
+    """encode_batch_fast (no offsets; parallel) where this tokenizers version has it."""
+    fast = getattr(tok, "encode_batch_fast", None)
+    return fast(texts) if fast is not None else tok.encode_batch(texts)
+
+
 def encode_stream(tok, texts: list[str], eos_id: int, max_tokens: int | None,
-                  chunk: int = 2048) -> tuple[np.ndarray, int]:
+                  chunk: int = 4096) -> tuple[np.ndarray, int]:
     """Concatenate documents with EOS after each; stop after max_tokens. -> (uint16 array,
     documents used)."""
     parts, total, used = [], 0, 0
     for i in range(0, len(texts), chunk):
         batch = texts[i:i + chunk]
-        for enc in tok.encode_batch(batch):
+        for enc in encode_many(tok, batch):
             ids = enc.ids
             ids.append(eos_id)
             parts.append(np.asarray(ids, dtype=np.uint16))

@@ -142,11 +142,32 @@ def write_json(path: Path, obj):
 
 
 def save_safetensors(path: Path, tensors: dict, metadata: dict | None = None):
-    from safetensors.torch import save_file
-
+    """float32 safetensors with a byte-stable layout (sorted names, sorted JSON header), so
+    that equal weights give equal files (safetensors' own writer orders metadata by hash)."""
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu", torch.float32).contiguous()
+        b = t.numpy().astype("<f4", copy=False).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    h = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
     tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.chmod(tmp, 0o644)
+    with open(tmp, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    from safetensors.torch import load_file
+
+    back = load_file(str(tmp))
+    if sorted(back) != sorted(tensors) or any(
+            not torch.equal(back[k], tensors[k].detach().to("cpu", torch.float32))
+            for k in tensors):
+        raise RuntimeError(f"{path.name}: safetensors round trip failed")
     os.replace(tmp, path)
 
 
@@ -194,10 +215,13 @@ class Budget:
         self.want = {"target": args.target_seconds, "drafter": args.drafter_seconds,
                      "draft": args.draft_seconds}
 
-    def grant(self, stage: str, remaining_stages: list[str]) -> float:
+    def grant(self, stage: str, remaining_stages: list[str], args) -> float:
         want = self.want[stage]
         if not self.deadline:
+            args.hard_stop = None
             return want
+        args.hard_stop = (self.deadline - sum(self.RESERVE.values())
+                          - 10.0 * (len(remaining_stages) - 1))
         left = self.deadline - now() - sum(self.RESERVE.values())
         total = sum(self.want[s] for s in remaining_stages)
         if total <= left:
@@ -217,8 +241,9 @@ def lr_at(step: int, progress: float, peak: float, warmup: int, floor: float = 0
 class Schedule:
     """Progress by step count when steps are fixed, else by training time against budget."""
 
-    def __init__(self, steps: int, seconds: float):
+    def __init__(self, steps: int, seconds: float, hard_stop: float | None = None):
         self.steps, self.seconds = steps, seconds
+        self.hard_stop = hard_stop  # process time (now()) at which a fixed-step run stops
         self.t0 = time.time()
         self.paused = 0.0
 
@@ -232,6 +257,9 @@ class Schedule:
 
     def done(self, step: int) -> bool:
         if self.steps:
+            if self.hard_stop is not None and now() >= self.hard_stop and step < self.steps:
+                say(f"WARNING: stopped at step {step} of {self.steps} to meet the deadline")
+                self.steps = step
             return step >= self.steps
         return self.elapsed() >= self.seconds
 
@@ -341,7 +369,7 @@ def stage_data(args, out: Path, state: dict, log: Log):
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     cache = args.cache_dir / f"tokens-{key}.npz"
     t1 = time.time()
-    val_docs = [e.ids for e in tok.encode_batch([texts[p] for p in got["val"]])]
+    val_docs = [e.ids for e in corpus_mod.encode_many(tok, [texts[p] for p in got["val"]])]
     if cache.exists():
         z = np.load(cache)
         train_arr, used = z["train"], int(z["used"])
@@ -440,7 +468,7 @@ def stage_target(args, out, dev, use_bf16, train_ids, val_ids, eos_id, budget, l
         return tot / n
 
     model.train()
-    sched = Schedule(args.target_steps, budget)
+    sched = Schedule(args.target_steps, budget, args.hard_stop)
     step, pending, last_eval, tokens = 0, [], time.time(), 0
     while not sched.done(step):
         lr = lr_at(step, sched.progress(step), args.target_lr, args.target_warmup)
@@ -503,8 +531,10 @@ def stage_target(args, out, dev, use_bf16, train_ids, val_ids, eos_id, budget, l
 def target_states(tv, x, use_bf16, dev):
     with torch.no_grad(), autocast(dev, use_bf16):
         st = tv(x)
-    st["logp"] = torch.log_softmax(st["logits"].float(), dim=-1)
-    del st["logits"]
+    logp = torch.log_softmax(st.pop("logits").float(), dim=-1)
+    st["p"] = logp.exp()
+    st["neg_entropy"] = (st["p"] * logp).sum(-1)  # sum_v p log p, per position
+    st["argmax"] = logp.argmax(-1)
     return st
 
 
@@ -522,9 +552,10 @@ def drafter_losses(drafter, tv, x, st, J):
     for j in range(J):
         h = drafter.step(E, x[:, j:j + R], carry, cos, sin, k, v, causal=True)
         logq = torch.log_softmax((h @ E.t().to(h.dtype)).float(), dim=-1)
-        logp = st["logp"][:, j:j + R]
-        kls.append((logp.exp() * (logp - logq)).sum(-1).mean())
-        agree.append((logq.argmax(-1) == logp.argmax(-1)).float().mean())
+        # KL(p || q) = sum p log p - sum p log q
+        kl = st["neg_entropy"][:, j:j + R] - (st["p"][:, j:j + R] * logq).sum(-1)
+        kls.append(kl.mean())
+        agree.append((logq.argmax(-1) == st["argmax"][:, j:j + R]).float().mean())
         carry = h
     return torch.stack(kls), torch.stack(agree)
 
@@ -584,7 +615,7 @@ def stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, budget, 
     log(stage="drafter", kind="val", step=0, kl=[round(x, 5) for x in kl0],
         agree=[round(x, 4) for x in ag0], train_seconds=0.0)
     say(f"drafter init: val KL {[round(x, 3) for x in kl0]} agree {[round(x, 3) for x in ag0]}")
-    sched = Schedule(args.drafter_steps, budget)
+    sched = Schedule(args.drafter_steps, budget, args.hard_stop)
     step, pending, last_eval = 0, [], time.time()
     while not sched.done(step):
         lr = lr_at(step, sched.progress(step), args.drafter_lr, args.drafter_warmup)
@@ -684,7 +715,7 @@ def stage_draft(args, out, dev, use_bf16, target, train_ids, val_ids, eos_id, bu
         return ce / n, kl / n, ag / n
 
     dm.train()
-    sched = Schedule(args.draft_steps, budget)
+    sched = Schedule(args.draft_steps, budget, args.hard_stop)
     step, pending, last_eval = 0, [], time.time()
     while not sched.done(step):
         lr = lr_at(step, sched.progress(step), args.draft_lr, args.draft_warmup)
@@ -848,7 +879,7 @@ def main(argv=None):
         target, _ = pairlib.load_hf(out / "target_config.json", out / "target.safetensors", dev)
         say("target: loaded from --out (stage done)")
     else:
-        b = budget.grant("target", ["target", "drafter", "draft"])
+        b = budget.grant("target", ["target", "drafter", "draft"], args)
         target, res = stage_target(args, out, dev, use_bf16, train_ids, val_ids, eos_id, b, log)
         finish("target", res)
     target.eval()
@@ -869,7 +900,7 @@ def main(argv=None):
         drafter = drafter.to(dev).eval()
         say("drafter: loaded from --out (stage done)")
     else:
-        b = budget.grant("drafter", ["drafter", "draft"])
+        b = budget.grant("drafter", ["drafter", "draft"], args)
         drafter, res = stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, b, log)
         finish("drafter", res)
 
@@ -878,7 +909,7 @@ def main(argv=None):
         dm, _ = pairlib.load_hf(out / "draft_config.json", out / "draft.safetensors", dev)
         say("draft model: loaded from --out (stage done)")
     else:
-        b = budget.grant("draft", ["draft"])
+        b = budget.grant("draft", ["draft"], args)
         dm, res = stage_draft(args, out, dev, use_bf16, target, train_ids, val_ids, eos_id, b,
                               log)
         finish("draft", res)
