@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from speculant.errors import ChainError, ContractError
+from speculant.errors import ChainError, ContractError, UnsupportedError
 from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
 from speculant.session.session import ComponentSession
@@ -135,6 +135,14 @@ class ChainedProposer:
             logits = out[chain.logits_output]  # [1, 1, V] draft scores
             row = seam.last_along_axis(logits, logits.rank - 2)
             last, q = choose(seam, state.sampler, row, state.stats)  # 4 bytes read back
+            if q is not None and self.target_vocab is not None and \
+                    q.shape[-1] != self.target_vocab:
+                raise UnsupportedError(
+                    f"sampling with a proposer of {q.shape[-1]} logits and a target of "
+                    f"{self.target_vocab} (speculative.vocabulary: subset) is not supported: "
+                    "rejection sampling needs q over the target's vocabulary",
+                    path="speculative.vocabulary", value=q.shape[-1],
+                    remedy="decode greedily (temperature 0), or without the proposer")
             if self.target_vocab is not None and not 0 <= last < self.target_vocab:
                 raise ChainError(f"drafted token {last} is outside the target vocabulary "
                                  f"[0, {self.target_vocab})", value=last)
