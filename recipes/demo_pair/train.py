@@ -440,7 +440,7 @@ def make_val_prompts(val_docs, val_paths, args) -> dict:
 
 def stage_target(args, out, dev, use_bf16, train_ids, val_ids, eos_id, budget, log):
     cfg_d = pairlib.config_dict(dict(pairlib.TARGET_ARCH, num_hidden_layers=args.target_layers,
-                                     max_position_embeddings=args.seq_len), eos_id)
+                                     max_position_embeddings=max(512, args.seq_len)), eos_id)
     torch.manual_seed(args.seed)
     model = pairlib.build_hf(cfg_d).to(dev)
     assert model.lm_head.weight is model.model.embed_tokens.weight, "embeddings not tied"
@@ -507,10 +507,7 @@ def stage_target(args, out, dev, use_bf16, train_ids, val_ids, eos_id, budget, l
     el = sched.elapsed()
     vl = val_loss()
     model.eval()
-    tv = pairlib.TargetView(model)
-    chk = tv.check(val_x[:2, :128].to(dev))
-    say(f"target done: {step} steps, {tokens / 1e6:.0f}M tokens in {el:.0f}s, val loss {vl:.4f},"
-        f" functional-forward check max|dlogits| {chk:.2e}")
+    say(f"target done: {step} steps, {tokens / 1e6:.0f}M tokens in {el:.0f}s, val loss {vl:.4f}")
     write_json(out / "target_config.json", cfg_d)
     save_safetensors(out / "target.safetensors", pairlib.hf_state_dict(model),
                      {"format": "pt", "config": "target_config.json"})
@@ -520,7 +517,7 @@ def stage_target(args, out, dev, use_bf16, train_ids, val_ids, eos_id, budget, l
            "warmup_steps": args.target_warmup, "schedule": "linear warmup, cosine to 0.1x",
            "optimizer": "AdamW(0.9, 0.95), wd 0.1 on matrices (not embedding/norms), clip 1.0",
            "precision": "bf16 autocast" if use_bf16 else "float32",
-           "functional_forward_max_abs_logit_diff": chk, "compiled": bool(args.compile)}
+           "compiled": bool(args.compile)}
     log(stage="target", kind="done", **res)
     return model, res
 
@@ -684,8 +681,8 @@ def stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, budget, 
 
 def stage_draft(args, out, dev, use_bf16, target, train_ids, val_ids, eos_id, budget, log):
     tv = pairlib.TargetView(target)
-    cfg_d = pairlib.config_dict(dict(pairlib.DRAFT_ARCH, max_position_embeddings=args.seq_len),
-                                eos_id)
+    cfg_d = pairlib.config_dict(
+        dict(pairlib.DRAFT_ARCH, max_position_embeddings=max(512, args.seq_len)), eos_id)
     torch.manual_seed(args.seed + 31)
     dm = pairlib.build_hf(cfg_d).to(dev)
     n_params = count_params(dm)
@@ -784,6 +781,8 @@ def stage_eval(args, out, dev, target, drafter, dm, prompts, log):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     tv = pairlib.TargetView(target)
+    chk = tv.check(torch.tensor([it["prompt"] for it in items[:4]], device=dev))
+    say(f"eval: functional target forward vs transformers, max|dlogits| {chk:.2e}")
     # the vectorised chain must equal the plain §9.4 loop on one context
     ctx = items[0]["prompt"]
     pend = items[0]["continuation"][0]
@@ -799,6 +798,7 @@ def stage_eval(args, out, dev, target, drafter, dm, prompts, log):
     rep["new_tokens"] = args.cont_len
     rep["precision"] = "float32 (TF32 off)"
     rep["reference_loop_matches_vectorised"] = ref == vec
+    rep["functional_forward_max_abs_logit_diff"] = chk
     rep["seconds"] = round(time.time() - t0, 2)
     for who in ("drafter", "draft_model"):
         for mode in ("greedy_continuations", "real_text", "real_context"):
@@ -811,6 +811,32 @@ def stage_eval(args, out, dev, target, drafter, dm, prompts, log):
 
 
 # ----------------------------------------------------------------------------- main
+
+
+def contract(target, drafter) -> dict:
+    """What the exporter must reproduce (see README.md and pairlib.py)."""
+    c = target.config
+    return {
+        "eos_id_note": "tokenizer.json special token </s>",
+        "target_weights": "HF LlamaForCausalLM names; lm_head tied to model.embed_tokens.weight "
+                          "(not stored)",
+        "target_hidden_output": "model.norm output (after the final RMSNorm) = carry_0 / "
+                                "folded-carry seed",
+        "drafter_weights": sorted(f"drafter.{k}" for k in drafter.state_dict()),
+        "drafter_fused_input": "concat(E[token] * scale, carry): embedding first (width "
+                               f"{drafter.H}), carry second (width {drafter.H})",
+        "embedding_table": "target model.embed_tokens.weight",
+        "embedding_scale": drafter.scale,
+        "embedding_scale_expr": f"sqrt({drafter.H})",
+        "kv_source": f"target layer {c.num_hidden_layers - 1} (the last): keys after RoPE, "
+                     "values; positions 0..c",
+        "gqa": f"query head i reads KV head i // {drafter.nh // drafter.nkv}",
+        "heads": {"query": drafter.nh, "kv": drafter.nkv, "head_dim": drafter.hd},
+        "rope": {"theta": drafter.theta, "style": "HF rotate_half", "query_position": "c"},
+        "rms_norm_eps": drafter.eps,
+        "drafter_outputs": "h = drafter.norm(x) (next carry); logits = h @ E^T",
+        "teacher_forcing": "real text (step j feeds x[c+j]; step 0 is the bootstrap)",
+    }
 
 
 def load_state(out: Path, fresh: bool) -> dict:
@@ -914,6 +940,7 @@ def main(argv=None):
                               log)
         finish("draft", res)
 
+    state["contract"] = contract(target, drafter)
     t_stage = time.time()
     rep = stage_eval(args, out, dev, target, drafter, dm.eval(), prompts, log)
     state["acceptance"] = rep
