@@ -53,6 +53,8 @@ def parse_args(argv=None):
                         "unpacked into --out first, then its finished stages are skipped")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", default="auto")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="training precision; auto: bf16 autocast on CUDA, float32 on CPU")
     p.add_argument("--deadline-seconds", type=float, default=570.0,
                    help="wall-clock limit for the whole call (0: none); later stages shrink "
                         "their budgets to fit")
@@ -859,7 +861,7 @@ def main(argv=None):
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(args.device)
-    use_bf16 = dev.type == "cuda"
+    use_bf16 = dev.type == "cuda" if args.precision == "auto" else args.precision == "bf16"
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
