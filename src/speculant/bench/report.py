@@ -181,6 +181,10 @@ def _gpu_name() -> str | None:
 
 
 def versions() -> dict:
+    """Installed distributions, the ONNX Runtime actually imported (both flavours can be
+    installed; one wins), and the source: commit and files changed under src/ if a checkout."""
+    import onnxruntime
+
     found = {"python": sys.version.split()[0]}
     for name in ("speculant", "onnxruntime", "onnxruntime-gpu", "onnx", "numpy", "cupy-cuda13x",
                  "matplotlib"):
@@ -188,7 +192,25 @@ def versions() -> dict:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
+    found["onnxruntime_imported"] = (f"{onnxruntime.__version__} "
+                                     f"({', '.join(onnxruntime.get_available_providers())})")
+    found["source"] = _source()
     return found
+
+
+def _source() -> dict | None:
+    root = Path(__file__).resolve().parents[3]  # src/speculant/bench/report.py -> checkout
+    if shutil.which("git") is None or not (root / ".git").exists():
+        return None
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=True,
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
+                                  "src"], check=True, capture_output=True, text=True,
+                                 timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "changed_in_src": [line[3:] for line in changed]}
 
 
 # -- Markdown -----------------------------------------------------------------------------
@@ -203,7 +225,14 @@ def _ratio(value: float | None) -> str:
 
 def markdown(report: dict) -> str:
     m, c, p = report["machine"], report["config"], report["prompts"]
-    versions_line = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+    source = report["versions"].get("source")
+    versions_line = ", ".join(f"{k} {v}" for k, v in report["versions"].items()
+                              if k not in ("source", "onnxruntime_imported"))
+    versions_line += f"; imported onnxruntime {report['versions']['onnxruntime_imported']}"
+    if source:
+        versions_line += f"; commit {source['commit'][:12]}" + (
+            f" with changes in {', '.join(source['changed_in_src'])}"
+            if source["changed_in_src"] else "")
     lines = [
         f"# speculant bench: {Path(report['package']['path']).name}",
         "",
