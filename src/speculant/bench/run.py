@@ -27,6 +27,7 @@ from speculant.bench.runners import (
 from speculant.bench.spread import Spread
 from speculant.bench.timing import (
     VERIFY_WIDTHS,
+    WIDTH_WARMUP,
     InvokeClock,
     WidthTiming,
     capture_prefill,
@@ -109,6 +110,8 @@ class Progress:
 
 
 def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun:
+    """Load the package, fit the prompts into its context, keep the runners it admits, time
+    them (:func:`measure`), then time the target's verify-width curve."""
     progress = progress or Progress()
     load_average = os.getloadavg()  # other work on the machine shows here, and in the spread
     threads = config.resolved_threads
@@ -135,7 +138,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     room = admitted.context_cap - max(config.widths) if admitted.context_cap else None
     length = min(WIDTH_CACHE_LENGTH, room) if room is not None else WIDTH_CACHE_LENGTH
     context = list(islice(cycle(chain.from_iterable(prompts.prompts)), length))
-    progress.start("verify-width curve", config.width_repeats + 3)
+    progress.start("verify-width curve", WIDTH_WARMUP + config.width_repeats)
     widths = verify_width_curve(engine, context, config.widths, repeats=config.width_repeats,
                                 on_step=progress.advance)
     return BenchRun(config, engine, prompts, threads, results, skipped, widths, length,
