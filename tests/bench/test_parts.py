@@ -46,6 +46,21 @@ def test_prompts_are_token_ids_or_text(tmp_path, pair_path):
     assert source.startswith("bundled") and len(prompts) >= 4 and all(prompts)
 
 
+def test_prompts_under_a_prompts_key(tmp_path, pair_path):
+    """The demo pair's val_prompts.json: {"prompts": [{"prompt": ids, ...}, ...]}."""
+    tokenizer = speculant.load(pair_path).tokenizer
+    path = tmp_path / "val_prompts.json"
+    path.write_text(json.dumps({"description": "x", "prompts": [
+        {"prompt": [3, 4], "continuation": [5]}, [6, 7], "def f"]}))
+    assert read_prompts(path, tokenizer)[1] == [[3, 4], [6, 7], encode("def f")]
+    path.write_text(json.dumps({"prompts": [{"prompt": [1]}, {"prompt": []}]}))
+    with pytest.raises(RequestError, match=r"\.prompts\[1\]"):
+        read_prompts(path, tokenizer)
+    path.write_text(json.dumps({"prompts": []}))
+    with pytest.raises(RequestError, match="non-empty JSON list"):
+        read_prompts(path, tokenizer)
+
+
 @pytest.mark.parametrize("content, words", [
     ("{", ["not JSON"]),
     ("[]", ["non-empty JSON list"]),

@@ -3,7 +3,8 @@
 Precedence: ``--prompts FILE``; else ``val_prompts.json`` in the package folder or beside it
 (the demo pair's validation prompts); else the bundled ``prompts.json`` (code snippets). Each
 file is a JSON list whose items are token-id lists or text (encoded with the package's
-tokenizer).
+tokenizer), or an object whose ``prompts`` holds that list, an item then also
+``{"prompt": ...}`` (the demo pair's ``val_prompts.json``: prompt, continuation, source).
 """
 
 from __future__ import annotations
@@ -55,12 +56,18 @@ def read_prompts(path: Path | None, tokenizer: Tokenizer) -> tuple[str, list[lis
         items = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestError(f"the prompt file is not JSON: {exc}", file=file) from exc
+    where = ""
+    if isinstance(items, dict) and "prompts" in items:  # {"prompts": [{"prompt": ...}, ...]}
+        items, where = items["prompts"], ".prompts"
     if not isinstance(items, list) or not items:
         raise RequestError("the prompt file must hold a non-empty JSON list", file=file,
                            value=type(items).__name__,
-                           expected="a list of token-id lists or strings")
+                           expected="a list of token-id lists or strings, or an object with "
+                                    "such a list under 'prompts'")
     prompts = []
     for i, item in enumerate(items):
+        if where and isinstance(item, dict) and "prompt" in item:
+            item = item["prompt"]
         if isinstance(item, str):
             prompts.append(tokenizer.encode(item))
         elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool)
@@ -68,10 +75,10 @@ def read_prompts(path: Path | None, tokenizer: Tokenizer) -> tuple[str, list[lis
             prompts.append(list(item))
         else:
             raise RequestError("a prompt must be a list of token ids or a string", file=file,
-                               path=f"[{i}]", value=item,
+                               path=f"{where}[{i}]", value=item,
                                expected="a list of int or a str")
         if not prompts[-1]:
-            raise RequestError("the prompt is empty", file=file, path=f"[{i}]",
+            raise RequestError("the prompt is empty", file=file, path=f"{where}[{i}]",
                                expected="at least one token")
     return source, prompts
 
