@@ -21,8 +21,13 @@ Chained drafter (one layer without k/v projections; the LM head is the target's 
     drafter.layer.self_attn.q_proj.weight           [heads * head_dim, hidden]
     drafter.layer.self_attn.o_proj.weight           [hidden, heads * head_dim]
     drafter.layer.post_attention_layernorm.weight   [hidden]
-    drafter.layer.mlp.{gate,up,down}_proj.weight    as the target's
+    drafter.layer.mlp.{gate,up,down}_proj.weight    as the target's, with
+                                                    drafter_intermediate_size
     drafter.norm.weight                             [hidden]
+
+``drafter_intermediate_size`` defaults to ``intermediate_size``; it differs only where the
+target's MLPs were widened after training (``speculant.export.cost_scale``) and the drafter
+kept its own width.
 """
 
 from __future__ import annotations
@@ -60,10 +65,13 @@ class LlamaConfig:
     head_dim: int | None = None  # None: hidden_size // num_attention_heads
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    drafter_intermediate_size: int | None = None  # None: intermediate_size
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.drafter_intermediate_size is None:
+            object.__setattr__(self, "drafter_intermediate_size", self.intermediate_size)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.type in ("int", "int | None") and (not isinstance(value, int) or value < 1):
@@ -132,7 +140,10 @@ class LlamaConfig:
 
     # -- storage in the graphs -----------------------------------------------------------
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        data = dataclasses.asdict(self)
+        if data["drafter_intermediate_size"] == self.intermediate_size:
+            del data["drafter_intermediate_size"]  # the default: packages stay as they were
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> LlamaConfig:
@@ -161,9 +172,10 @@ def _rope_type(rope: Mapping[str, Any] | None) -> str:
 
 
 # -- weight names -------------------------------------------------------------------------
-def _layer_shapes(c: LlamaConfig, prefix: str, with_kv: bool) -> dict[str, tuple[int, ...]]:
+def _layer_shapes(c: LlamaConfig, prefix: str, with_kv: bool,
+                  intermediate: int | None = None) -> dict[str, tuple[int, ...]]:
     h, q, kv, f = c.hidden_size, c.num_attention_heads * c.head_dim, \
-        c.num_key_value_heads * c.head_dim, c.intermediate_size
+        c.num_key_value_heads * c.head_dim, intermediate or c.intermediate_size
     shapes = {f"{prefix}.input_layernorm.weight": (h,),
               f"{prefix}.self_attn.q_proj.weight": (q, h)}
     if with_kv:
@@ -190,7 +202,8 @@ def drafter_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every drafter weight (without the tied LM head)."""
     h = config.hidden_size
     shapes = {"drafter.in_proj.weight": (h, 2 * h)}
-    shapes.update(_layer_shapes(config, "drafter.layer", with_kv=False))
+    shapes.update(_layer_shapes(config, "drafter.layer", with_kv=False,
+                                intermediate=config.drafter_intermediate_size))
     shapes["drafter.norm.weight"] = (h,)
     return shapes
 

@@ -29,6 +29,14 @@ MASKED = float(np.finfo(np.float32).min)  # score of a key a query may not see
 
 BORROWED_KEY = "shared_kv.key"
 BORROWED_VALUE = "shared_kv.value"
+# Initializer bytes above which a graph is written with external data (protobuf refuses
+# messages over 2 GiB) and checked by path after writing instead of in memory.
+INLINE_LIMIT = 1 << 30
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's inline initializers (raw data, as this module writes them)."""
+    return sum(len(t.raw_data) for t in model.graph.initializer)
 
 
 def rope_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +134,8 @@ class _Graph(GraphBuilder):
                        "logits")
 
     def finish(self, role: str) -> onnx.ModelProto:
-        model = self.model()
+        inline = sum(len(t.raw_data) for t in self.initializers) <= INLINE_LIMIT
+        model = self.model(check=inline)  # a larger one: checked by path once written
         model.producer_name = PRODUCER
         onnx.helper.set_model_props(model, {CONFIG_KEY: self.config.to_json(), ROLE_KEY: role})
         return model

@@ -7,6 +7,11 @@
 
 The graphs carry every weight under its Hugging Face name and the :class:`LlamaConfig` as
 model metadata (``speculant.export.llama_config``), so a package is its own checkpoint.
+
+``external_data``: None (the default) writes a graph's weights inline up to
+:data:`~speculant.export.graphs.INLINE_LIMIT` (1 GiB) and beside it above that, in
+``model.onnx.data`` next to ``model.onnx`` (protobuf cannot hold 2 GiB); True or False forces
+one or the other. speculant admits external data that stays inside the package folder.
 """
 
 from __future__ import annotations
@@ -33,7 +38,13 @@ from speculant.export.config import (
     drafter_shapes,
     target_shapes,
 )
-from speculant.export.graphs import CONFIG_KEY, drafter_graph, target_graph
+from speculant.export.graphs import (
+    CONFIG_KEY,
+    INLINE_LIMIT,
+    drafter_graph,
+    initializer_bytes,
+    target_graph,
+)
 from speculant.export.metadata import TokenizerFacts, decoder_metadata, pair_metadata
 from speculant.fixtures.writers import write_metadata, write_model
 
@@ -46,7 +57,8 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
                        drafter_weights: Mapping[str, Any], tokenizer_json_path: str | Path, *,
                        dtype: str = "float32", scale: float | None = None,
                        max_proposal_width: int = 8, eos_id: int | None = None,
-                       rollback_positions: int | None = None) -> Path:
+                       rollback_positions: int | None = None,
+                       external_data: bool | None = None) -> Path:
     """The chained pair: ``target/model.onnx``, ``assistant/model.onnx``,
     ``inference_metadata.yaml`` (metadata.md §8.2 shape), ``tokenizer.json``.
 
@@ -64,9 +76,10 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     rollback = _rollback(rollback_positions, max_proposal_width)
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_model(target_graph(config, target, dtype), root / "target" / "model.onnx")
-    write_model(drafter_graph(config, drafter, target[EMBEDDING], dtype),
-                root / "assistant" / "model.onnx")
+    write_graph(target_graph(config, target, dtype), root / "target" / "model.onnx",
+                external_data)
+    write_graph(drafter_graph(config, drafter, target[EMBEDDING], dtype),
+                root / "assistant" / "model.onnx", external_data)
     document = pair_metadata(config, dtype, facts, scale=scale,
                              max_proposal_width=max_proposal_width, rollback_positions=rollback)
     write_metadata(document, root, _header("Chained Llama pair", config, dtype))
@@ -77,7 +90,8 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
 def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: Any,
                           tokenizer_json_path: str | Path, *, dtype: str = "float32",
                           eos_id: int | None = None,
-                          rollback_positions: int = DEFAULT_ROLLBACK) -> Path:
+                          rollback_positions: int = DEFAULT_ROLLBACK,
+                          external_data: bool | None = None) -> Path:
     """A plain greedy decoder package (metadata.md §8.1; component ``decoder``) for a
     ``LlamaForCausalLM``: the separate draft model."""
     config = LlamaConfig.from_hf(config)
@@ -85,13 +99,35 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
     arrays = checked_weights(weights, target_shapes(config), dtype, "decoder weights")
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_model(target_graph(config, arrays, dtype, name="decoder"),
-                root / "decoder" / "model.onnx")
+    write_graph(target_graph(config, arrays, dtype, name="decoder"),
+                root / "decoder" / "model.onnx", external_data)
     document = decoder_metadata(config, dtype, facts,
                                 rollback_positions=_rollback(rollback_positions, 1))
     write_metadata(document, root, _header("Llama greedy decoder", config, dtype))
     _copy_tokenizer(tokenizer_json_path, root)
     return root
+
+
+def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> Path:
+    """Write ``model`` to ``path``: inline, or with every initializer above 1 KiB in
+    ``<name>.data`` beside it (see the module's note on ``external_data``). A graph written
+    with external data is checked by path (``onnx.checker``, full check)."""
+    size = initializer_bytes(model)
+    external = size > INLINE_LIMIT if external_data is None else bool(external_data)
+    data = path.with_name(path.name + ".data")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    if not external:
+        if size >= 1 << 31:
+            raise ExportError(f"{path.name}: {size} bytes of weights do not fit in one "
+                              "protobuf (2 GiB)", file=str(path),
+                              remedy="write it with external_data=True (or None)")
+        return write_model(model, path)
+    onnx.save_model(model, str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location=data.name, size_threshold=1024,
+                    convert_attribute=False)
+    onnx.checker.check_model(str(path), full_check=True)
+    return path
 
 
 def _rollback(rollback_positions: int | None, max_proposal_width: int) -> int:
@@ -241,7 +277,8 @@ def read_weights(package_root: str | Path) -> tuple[LlamaConfig, dict[str, np.nd
     return config, target, drafter
 
 
-def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16") -> Path:
+def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16", *,
+            external_data: bool | None = None) -> Path:
     """Rebuild a package written by this module in ``dtype`` (the chain's currency: table,
     carry and fused port follow it). Scale, widths, EOS and tokenizer are kept."""
     dtype = check_dtype(dtype)
@@ -254,9 +291,11 @@ def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float1
     if drafter is None:
         return write_decoder_package(out, target, config, settings.tokenizer, dtype=dtype,
                                      eos_id=settings.eos_id,
-                                     rollback_positions=settings.rollback_positions)
+                                     rollback_positions=settings.rollback_positions,
+                                     external_data=external_data)
     return write_pair_package(out, target, config, drafter, settings.tokenizer, dtype=dtype,
                               scale=settings.scale,
                               max_proposal_width=settings.max_proposal_width or 8,
                               eos_id=settings.eos_id,
-                              rollback_positions=settings.rollback_positions)
+                              rollback_positions=settings.rollback_positions,
+                              external_data=external_data)
