@@ -264,6 +264,39 @@ def export_hf(
     stderr.print(escape(f"wrote {out} (config.json, model.safetensors)"), highlight=False)
 
 
+@app.command("scale-target")
+def scale_target(
+    package: Annotated[Path, typer.Argument(help="Chained pair written by speculant.export "
+                                                 "(e.g. src/speculant/demo).")],
+    out: Annotated[Path, typer.Argument(help="Folder for the cost-scaled pair (keep it out "
+                                             "of git: the repository ignores /scaled/).")],
+    params: Annotated[str, typer.Option(help="Target parameters: 100M, 1B (or any count "
+                                             "such as 250M, 1.5B).")] = "100M",
+    layers: Annotated[int | None, typer.Option(help="Decoder layers (default: 12 below "
+                                                    "500M parameters, 16 from 500M).")] = None,
+    intermediate: Annotated[int | None, typer.Option(help="MLP width (default: the multiple "
+                                                          "of 256 nearest --params).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+    external_data: Annotated[bool | None, typer.Option(
+        help="Weights in model.onnx.data beside each graph (default: above 1 GiB).")] = None,
+    check_tokens: Annotated[int, typer.Option(help="Greedy and chained tokens to compare "
+                                                   "with the trained pair on the CPU (0: "
+                                                   "skip the check).")] = 16,
+) -> None:
+    """Derive a cost-scaled pair with the trained pair's function: wider MLPs, more layers."""
+    from speculant.export.cost_scale import describe
+    from speculant.export.cost_scale import scale_target as scale
+
+    try:
+        result = scale(package, out, params, num_layers=layers,
+                       intermediate_size=intermediate, seed=seed, external_data=external_data,
+                       check_tokens=check_tokens)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(escape(describe(result)), highlight=False)
+
+
 @metadata_app.command("name-axes")
 def name_axes_command(
     package: Annotated[Path, typer.Argument(help="Package folder or metadata file.")],
