@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from speculant.bench import limits
 from speculant.bench.run import BenchRun, RunnerResult, Sample
 from speculant.bench.spread import Spread
 
@@ -110,7 +111,7 @@ def summarize(run: BenchRun, command: str) -> dict:
     runners = [summarize_runner(r, greedy, config.new_tokens) for r in run.results]
     base = Spread.of(run.widths[0].pass_s).median
     spec = engine.package.document.speculative
-    return {
+    return limits.annotate({
         "schema": SCHEMA,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
@@ -139,7 +140,7 @@ def summarize(run: BenchRun, command: str) -> dict:
                         "ratio": Spread.of(w.pass_s).median / base}
                        for w in run.widths],
         },
-    }
+    }, run.limit)
 
 
 def _shown(path: Path) -> str:
@@ -283,6 +284,7 @@ def markdown(report: dict) -> str:
     for row in w["widths"]:
         lines.append(f"| {row['width']} | {_spread_cell(row['pass_ms'], 3)} | "
                      f"{_spread_cell(row['invoke_ms'], 3)} | {row['ratio']:.2f} |")
+    lines += limits.markdown(report)
     return "\n".join(lines) + "\n"
 
 

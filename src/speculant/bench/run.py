@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from itertools import chain, cycle, islice
 from pathlib import Path
 
+from speculant.bench import limits
 from speculant.bench.prompts import PromptSet, find_prompt_file, fit_prompts, read_prompts
 from speculant.bench.runners import (
     KS,
@@ -99,6 +100,7 @@ class BenchRun:
     widths: list[WidthTiming]
     width_cache_length: int
     load_average: tuple[float, float, float]  # os.getloadavg() as the run began
+    limit: limits.PhysicalLimit | None = None  # bytes per token over measured bandwidth
 
 
 class Progress:
@@ -141,8 +143,12 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     progress.start("verify-width curve", WIDTH_WARMUP + config.width_repeats)
     widths = verify_width_curve(engine, context, config.widths, repeats=config.width_repeats,
                                 on_step=progress.advance)
+    progress.start("physical limit (bandwidth, launch floor)", 1)
+    limit = limits.measure(engine.package, engine.device, list(prompts.lengths),
+                           config.new_tokens, threads, engine.seam)
+    progress.advance()
     return BenchRun(config, engine, prompts, threads, results, skipped, widths, length,
-                    load_average)
+                    load_average, limit)
 
 
 def measure(engine: Engine, runners: Sequence[Runner], prompts: PromptSet,
