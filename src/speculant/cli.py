@@ -207,18 +207,34 @@ def bench(
                                                      "1 2 4 8).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.md and the "
                                            "PNGs.")] = Path("bench-out"),
+    anchors: Annotated[list[str] | None, typer.Option(
+        help="Other runtimes to time in the same run on the same weights: hf (transformers "
+             "generate), genai (onnxruntime-genai); comma-separated or repeated. Skipped with "
+             "the reason when their packages are missing.")] = None,
+    anchor_dir: Annotated[Path | None, typer.Option(
+        help="Keep the anchors' checkpoints and built models here (default: a temporary "
+             "folder).")] = None,
 ) -> None:
     """Time greedy and each proposer at each k side by side; write JSON, Markdown and plots."""
     import shlex
 
+    from speculant.bench.anchors import parse_anchors
     from speculant.bench.command import bench as run_bench_command
     from speculant.bench.run import BenchConfig
     from speculant.bench.runners import KS, PROPOSERS
+    from speculant.errors import RequestError
 
+    try:
+        anchor_names = parse_anchors(anchors)
+    except ValueError as error:
+        fail(RequestError(str(error), path="--anchors", value=anchors,
+                          expected="hf, genai"))
+        return
     config = BenchConfig(package or demo_package(), device=device, draft=draft,
                          prompts_file=prompts, new_tokens=new_tokens, warmup=warmup,
                          repeats=repeats, threads=threads,
-                         proposers=tuple(proposer or PROPOSERS), ks=tuple(k or KS))
+                         proposers=tuple(proposer or PROPOSERS), ks=tuple(k or KS),
+                         anchors=anchor_names, anchor_dir=anchor_dir)
     try:
         report = run_bench_command(config, out, shlex.join(["speculant", *sys.argv[1:]]),
                                    stderr)

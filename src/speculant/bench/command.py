@@ -53,7 +53,7 @@ def write_report(report: dict, out: Path, console: Console) -> list[str]:
     except ImportError:
         console.print("matplotlib is not installed, so the PNG plots are skipped (install "
                       "it with: pip install 'speculant[bench]')", highlight=False)
-    for runner in report["runners"]:
+    for runner in report["runners"] + report.get("anchors", {}).get("runners", []):
         if not runner["decoded_every_token"] or runner["matches_greedy"] is False:
             console.print(f"[bold red]warning[/]: {escape(runner['name'])} decoded "
                           f"{runner['tokens_per_prompt']} tokens per prompt; matches greedy: "

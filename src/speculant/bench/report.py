@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from speculant.bench import limits
+from speculant.bench.anchors import report as anchor_report
 from speculant.bench.run import BenchRun, RunnerResult, Sample
 from speculant.bench.spread import Spread
 
@@ -111,7 +112,7 @@ def summarize(run: BenchRun, command: str) -> dict:
     runners = [summarize_runner(r, greedy, config.new_tokens) for r in run.results]
     base = Spread.of(run.widths[0].pass_s).median
     spec = engine.package.document.speculative
-    return limits.annotate({
+    report = limits.annotate({
         "schema": SCHEMA,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
@@ -141,6 +142,7 @@ def summarize(run: BenchRun, command: str) -> dict:
                        for w in run.widths],
         },
     }, run.limit)
+    return anchor_report.annotate(report, run)
 
 
 def _shown(path: Path) -> str:
@@ -188,7 +190,8 @@ def versions() -> dict:
 
     found = {"python": sys.version.split()[0]}
     for name in ("speculant", "onnxruntime", "onnxruntime-gpu", "onnx", "numpy", "cupy-cuda13x",
-                 "matplotlib"):
+                 "matplotlib", "torch", "transformers", "onnxruntime-genai",
+                 "onnxruntime-genai-cuda"):
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -285,6 +288,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {row['width']} | {_spread_cell(row['pass_ms'], 3)} | "
                      f"{_spread_cell(row['invoke_ms'], 3)} | {row['ratio']:.2f} |")
     lines += limits.markdown(report)
+    lines += anchor_report.markdown(report)
     return "\n".join(lines) + "\n"
 
 
@@ -322,13 +326,14 @@ def plot(report: dict, out: Path) -> list[Path]:
         below = [m - r["decode_tokens_per_s"]["min"] for m, r in zip(medians, rows, strict=True)]
         above = [r["decode_tokens_per_s"]["max"] - m for m, r in zip(medians, rows, strict=True)]
         ax.errorbar(ks, medians, yerr=[below, above], marker="o", capsize=3, label=proposer)
+    anchor_report.plot_on(ax, report)
     ax.set_xscale("log", base=2)
     ax.set_xticks(report["config"]["k"], [str(k) for k in report["config"]["k"]])
     ax.set_xlabel("k (drafts per round)")
     ax.set_ylabel("decode tokens/s (median, min–max)")
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=9)
-    ax.legend()
+    ax.legend(fontsize=7 if report.get("anchors") else None)
     fig.tight_layout()
     paths = [out / PNG_FILES[0]]
     fig.savefig(paths[0], dpi=120)

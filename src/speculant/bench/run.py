@@ -4,6 +4,10 @@ Every runner decodes every prompt to exactly ``new_tokens`` tokens (EOS masked) 
 engine (the same sessions and thread count). Runners interleave prompt by prompt, in an order
 that rotates, so drift and position in the sequence hit them alike, and each speedup is a
 ratio within one invocation. A repeat is one pass of every runner over the whole prompt set.
+
+Anchors (``anchors=("hf", "genai")``, :mod:`speculant.bench.anchors`) are more runners in the
+same rotation: other runtimes decoding the same weights with the same thread count, each
+producing the same record per decode (tokens, time to first token, total time).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from itertools import chain, cycle, islice
 from pathlib import Path
 
 from speculant.bench import limits
+from speculant.bench.anchors import AnchorRunner, AnchorSetup, prepare_anchors
 from speculant.bench.prompts import PromptSet, find_prompt_file, fit_prompts, read_prompts
 from speculant.bench.runners import (
     KS,
@@ -53,6 +58,8 @@ class BenchConfig:
     ks: tuple[int, ...] = KS
     widths: tuple[int, ...] = VERIFY_WIDTHS
     width_repeats: int = 20
+    anchors: tuple[str, ...] = ()  # other runtimes in the same run: "hf", "genai"
+    anchor_dir: Path | None = None  # their checkpoints and models (None: a temporary folder)
 
     @property
     def resolved_threads(self) -> int | None:
@@ -70,9 +77,9 @@ class Sample:
     token_ids: list[int]
     total_s: float  # request in to last token out
     ttft_s: float  # request in to first token out (admission + prefill)
-    target_s: float  # target invokes after the prefill
-    proposer_s: float  # proposer invokes
-    num_passes: int  # target passes after the prefill: rounds + greedy steps
+    target_s: float | None  # target invokes after the prefill (None: an anchor)
+    proposer_s: float | None  # proposer invokes (None: an anchor)
+    num_passes: int | None  # target passes after the prefill: rounds + greedy steps
 
     @property
     def decode_s(self) -> float:
@@ -81,9 +88,14 @@ class Sample:
 
 @dataclass
 class RunnerResult:
-    runner: Runner
+    runner: Runner | AnchorRunner
     samples: list[list[Sample]] = field(default_factory=list)  # [repeat][prompt]
     stats: list = field(default_factory=list)  # DecodeStats per prompt, last repeat
+    counts: list[dict] = field(default_factory=list)  # an anchor's counters per prompt
+
+    @property
+    def is_anchor(self) -> bool:
+        return isinstance(self.runner, AnchorRunner)
 
     def per_repeat(self, figure: Callable[[list[Sample]], float]) -> Spread:
         return Spread.of([figure(samples) for samples in self.samples])
@@ -101,6 +113,8 @@ class BenchRun:
     width_cache_length: int
     load_average: tuple[float, float, float]  # os.getloadavg() as the run began
     limit: limits.PhysicalLimit | None = None  # bytes per token over measured bandwidth
+    anchor_results: list[RunnerResult] = field(default_factory=list)  # same run, same weights
+    anchors: AnchorSetup | None = None  # what was asked for, skipped, and each runtime's facts
 
 
 class Progress:
@@ -135,7 +149,24 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
         else:
             skipped.append((runner, reason))
             progress.note(f"skipping {runner.name}: {reason}")
-    results = measure(engine, runners, prompts, config, progress)
+    anchors = None
+    if config.anchors:
+        progress.note(f"preparing the anchors: {', '.join(config.anchors)}")
+        reference = [engine.generate(list(p), config.new_tokens, stop_on_eos=False).token_ids
+                     for p in prompts.prompts]
+        anchors = prepare_anchors(config.anchors, package=Path(config.package),
+                                  draft=Path(config.draft) if config.draft else None,
+                                  device=config.device, threads=threads,
+                                  proposers=config.proposers, ks=config.ks,
+                                  reference=reference, check_prompt=prompts.prompts[0],
+                                  work=config.anchor_dir, note=progress.note)
+    try:
+        every = measure(engine, [*runners, *(anchors.runners if anchors else [])], prompts,
+                        config, progress)
+    finally:
+        if anchors is not None:
+            anchors.close()
+    results = [r for r in every if not r.is_anchor]
 
     room = admitted.context_cap - max(config.widths) if admitted.context_cap else None
     length = min(WIDTH_CACHE_LENGTH, room) if room is not None else WIDTH_CACHE_LENGTH
@@ -148,18 +179,32 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
                            config.new_tokens, threads, engine.seam)
     progress.advance()
     return BenchRun(config, engine, prompts, threads, results, skipped, widths, length,
-                    load_average, limit)
+                    load_average, limit,
+                    anchor_results=[r for r in every if r.is_anchor], anchors=anchors)
 
 
-def measure(engine: Engine, runners: Sequence[Runner], prompts: PromptSet,
+def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: PromptSet,
             config: BenchConfig, progress: Progress) -> list[RunnerResult]:
+    """Warm up, then time every runner over the prompt set ``config.repeats`` times. Anchors
+    first make one untimed pass with their counters on (``decode(..., count=True)``)."""
     can_name = can_name_proposer(engine)
     results = [RunnerResult(r) for r in runners]
+    anchors = [r for r in results if r.is_anchor]
+    if anchors:
+        progress.start("anchors: counting pass", len(anchors) * len(prompts.prompts))
+        for result in anchors:
+            for prompt in prompts.prompts:
+                result.counts.append(result.runner.decode(list(prompt), config.new_tokens,
+                                                          count=True).counts)
+                progress.advance()
     progress.start("warm-up", len(runners) * len(prompts.prompts) * config.warmup)
     for runner in runners:
         for _ in range(config.warmup):
             for prompt in prompts.prompts:
-                engine.generate(list(prompt), config.new_tokens, **runner.options(can_name))
+                if isinstance(runner, AnchorRunner):
+                    runner.decode(list(prompt), config.new_tokens)
+                else:
+                    engine.generate(list(prompt), config.new_tokens, **runner.options(can_name))
                 progress.advance()
 
     progress.start("timed repeats", len(runners) * len(prompts.prompts) * config.repeats)
@@ -172,6 +217,12 @@ def measure(engine: Engine, runners: Sequence[Runner], prompts: PromptSet,
             for i, prompt in enumerate(prompts.prompts):
                 shift = (repeat + i) % len(results)  # each runner takes each turn in the order
                 for result in results[shift:] + results[:shift]:
+                    if result.is_anchor:
+                        done = result.runner.decode(list(prompt), config.new_tokens)
+                        result.samples[-1].append(Sample(done.token_ids, done.total_s,
+                                                         done.ttft_s, None, None, None))
+                        progress.advance()
+                        continue
                     clock.reset()
                     generation = engine.generate(list(prompt), config.new_tokens,
                                                  **result.runner.options(can_name))
