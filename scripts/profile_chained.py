@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import speculant
+from speculant.bench.report import machine
 
 
 def read_prompts(path: Path) -> list[list[int]]:
@@ -62,7 +63,7 @@ def main() -> None:
     text = io.StringIO()
     text.write(f"cProfile: {args.proposer} k={args.k}, {len(prompts)} prompts x "
                f"{args.new_tokens} new tokens, package {args.package}, threads {args.threads}\n"
-               f"machine: {platform.processor() or platform.machine()}, python "
+               f"machine: {machine()['cpu']} ({machine()['cores']['usable']} usable CPUs), python "
                f"{platform.python_version()}; wall {wall:.3f} s under the profiler, "
                f"{passes} target passes, {rounds} rounds\n\n")
     for order in ("tottime", "cumulative"):
