@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from speculant.bench.anchors.base import AnchorDecode, AnchorRunner, AnchorSetup
@@ -69,18 +70,18 @@ class _FirstToken:
         pass
 
 
-class _PassCounter:
-    def __init__(self, module) -> None:
-        self.module, self.count, self.handle = module, 0, None
+@contextmanager
+def _counting(module):
+    """Count ``module``'s forward calls (a forward pre-hook, removed on exit)."""
+    calls = [0]
 
-    def __enter__(self) -> _PassCounter:
-        def count(*_args) -> None:
-            self.count += 1
-        self.handle = self.module.register_forward_pre_hook(count)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.handle.remove()
+    def count(*_args) -> None:
+        calls[0] += 1
+    handle = module.register_forward_pre_hook(count)
+    try:
+        yield calls
+    finally:
+        handle.remove()
 
 
 def _load(transformers, torch, folder: Path, device: str):
@@ -127,11 +128,10 @@ def prepare(setup: AnchorSetup, *, target_dir: Path, draft_dir: Path | None, dev
             for key, value in assistant_config.items():  # read by generate from the assistant
                 setattr(assistant.generation_config, key, value)
             streamer = _FirstToken()
-            counters = ([_PassCounter(target)] + ([_PassCounter(assistant)] if extra else [])
-                        if count else [])
-            for counter in counters:
-                counter.__enter__()
-            try:
+            with ExitStack() as stack:
+                counted = {name: stack.enter_context(_counting(model)) for name, model in
+                           (("target_passes", target), ("draft_passes", assistant))
+                           if count and (name == "target_passes" or extra)}
                 started = time.perf_counter()
                 ids = torch.tensor([list(prompt)], dtype=torch.long, device=where)
                 with torch.inference_mode():
@@ -141,14 +141,7 @@ def prepare(setup: AnchorSetup, *, target_dir: Path, draft_dir: Path | None, dev
                                           **options, **extra)
                 tokens = out[0, len(prompt):].tolist()
                 total = time.perf_counter() - started
-            finally:
-                for counter in counters:
-                    counter.__exit__()
-            counts = {}
-            if count:
-                counts["target_passes"] = counters[0].count
-                if extra:
-                    counts["draft_passes"] = counters[1].count
+            counts = {name: calls[0] for name, calls in counted.items()}
             first = streamer.first_at if streamer.first_at is not None else started + total
             return AnchorDecode(tokens, total, first - started, counts)
         return decode
