@@ -13,6 +13,8 @@ same ONNX Runtime, with the same thread count:
 2. **speculant's greedy loop under cProfile**: one pass over the prompt set after a warm-up;
    the time inside ``InferenceSession.run_with_iobinding`` against the rest (the runtime's
    Python per pass), and the top functions by own time.
+3. **genai's per-request setup**: the time to construct an ``og.Generator`` (when
+   onnxruntime-genai is installed), which its time to first token includes.
 
 Writes ``anchor_gap.json`` and ``anchor_gap.txt`` to ``--out``.
 """
@@ -23,8 +25,8 @@ import argparse
 import cProfile
 import io
 import json
-import platform
 import pstats
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +35,7 @@ import onnx
 import onnxruntime as ort
 
 import speculant
+from speculant.bench.report import machine
 
 
 def read_prompts(path: Path) -> list[list[int]]:
@@ -108,6 +111,24 @@ def graph_pass_ms(speculant_graph: Path, genai_graph: Path, context: list[int], 
         "same_next_token": state["speculant_argmax"] == state["genai_argmax"]}
 
 
+def generator_construction_ms(genai_model: Path, repeats: int = 20) -> dict | None:
+    """Milliseconds to construct an ``og.Generator`` (once per request), when installed."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        return None
+    model = og.Model(str(genai_model))
+    times = []
+    for _ in range(repeats + 2):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=128)
+        started = time.perf_counter()
+        og.Generator(model, params)
+        times.append(time.perf_counter() - started)
+    return {"median_ms": 1000 * float(np.median(times[2:])),
+            "min_ms": 1000 * float(np.min(times[2:])), "repeats": repeats}
+
+
 def profile_greedy(package: Path, prompts: list[list[int]], new_tokens: int, threads: int
                    ) -> tuple[dict, str]:
     engine = speculant.load(package, threads=threads)
@@ -154,10 +175,11 @@ def main() -> None:
                            args.genai_model / "model.onnx", context, args.threads,
                            args.repeats, genai_config["model"]["decoder"]["head_size"])
     loop, top = profile_greedy(args.package, prompts, args.new_tokens, args.threads)
-    result = {"machine": platform.processor() or platform.machine(),
+    result = {"machine": machine(), "command": " ".join(["python", *sys.argv]),
               "onnxruntime": ort.__version__, "threads": args.threads,
               "cache_length": args.cache, "single_token_pass": graphs,
-              "speculant_greedy_under_cprofile": loop}
+              "speculant_greedy_under_cprofile": loop,
+              "genai_generator_construction": generator_construction_ms(args.genai_model)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "anchor_gap.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "anchor_gap.txt").write_text(json.dumps(result, indent=2) + "\n\n" + top)

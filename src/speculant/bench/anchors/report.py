@@ -257,7 +257,7 @@ def plot_on(ax, report: dict) -> None:
     for row in rows:
         if row["mode"] == "greedy":
             ax.axhline(row["decode_tokens_per_s"]["median"], linestyle=":", linewidth=1.2,
-                       color="grey" if row["runtime"] == "hf" else "tab:brown",
+                       color="tab:gray" if row["runtime"] == "hf" else "tab:cyan",
                        label=row["name"])
     for key in dict.fromkeys((r["runtime"], r["mode"]) for r in rows if r["k"]):
         line = sorted((r for r in rows if (r["runtime"], r["mode"]) == key),
