@@ -42,7 +42,8 @@ def summarize(pairs: list[tuple[int, int]], k: int) -> dict:
         "rounds": len(rounds),
         "mean_accepted_length": sum(a for _, a in rounds) / len(rounds) if rounds else None,
         "first_draft_acceptance": sum(a >= 2 for _, a in rounds) / len(rounds) if rounds else None,
-        "acceptance_by_position": [a / p if p else None for a, p in zip(accepted, proposed, strict=True)],
+        "acceptance_by_position": [a / p if p else None
+                                   for a, p in zip(accepted, proposed, strict=True)],
     }
 
 
