@@ -186,6 +186,32 @@ def test_speculative_options_per_mode():
     assert genai.device_id("cuda:3") == 3 and genai.device_id("cuda") is None
 
 
+def test_a_kept_anchor_dir_reuses_what_was_made_from_the_same_files(tmp_path, monkeypatch):
+    source = tmp_path / "hf"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    out = tmp_path / "genai" / "target"
+    out.mkdir(parents=True)
+    command = genai.builder_command(source, out, tmp_path / "cache", "cpu")
+    made_from = anchors_base.fingerprint(source, extra=" ".join(command[1:]))
+    assert not anchors_base.is_current(out, made_from)
+    anchors_base.mark(out, made_from)
+    (out / genai.BUILT_CONFIG).write_text("{}")
+    assert anchors_base.is_current(out, made_from)
+
+    def no_builder(*args, **kwargs):
+        raise AssertionError("the builder ran again")
+    monkeypatch.setattr(genai.subprocess, "run", no_builder)
+    assert genai.build(source, out, tmp_path / "cache", "cpu") == (command, True)
+    # the stamp is not part of the digest; any change of the source is
+    assert anchors_base.fingerprint(out) == anchors_base.fingerprint(out)
+    (source / "model.safetensors").write_bytes(b"x")
+    assert not anchors_base.is_current(
+        out, anchors_base.fingerprint(source, extra=" ".join(command[1:])))
+    with pytest.raises(AssertionError, match="ran again"):
+        genai.build(source, out, tmp_path / "cache", "cpu")
+
+
 # -- the report: records and ratios on literal samples ----------------------------------------
 def _result(runner, token_lists, per_repeat_s, ttft_s=0.001, counts=None):
     result = RunnerResult(runner)
@@ -392,3 +418,7 @@ def test_onnxruntime_genai_decodes_the_same_tokens_in_the_same_run(prompts_file,
     assert composite["model"]["draft"]["filename"] == "draft/model.onnx"
     stats = {r["mode"]: r["genai_stats"] for r in report["anchors"]["runners"]}
     assert stats["draft"]["draft_forward_passes"] > 0
+    assert runtime["reused_builds"] == []
+    again = _anchor_run(prompts_file, tmp_path, "genai")  # the kept folder is reused
+    assert again["anchors"]["runtimes"]["genai"]["reused_builds"] == ["target", "draft"]
+    assert all(r["matches_greedy"] for r in again["anchors"]["runners"])

@@ -24,6 +24,9 @@ from speculant.bench.anchors.base import (
     AnchorRunner,
     AnchorSetup,
     emitted_ids,
+    fingerprint,
+    is_current,
+    mark,
     parse_anchors,
     why_missing,
 )
@@ -39,7 +42,8 @@ def prepare_anchors(anchors: Sequence[str], *, package: Path, draft: Path | None
     """Export the checkpoints once, prepare each anchor, and keep the runners whose first
     decode of ``check_prompt`` (two tokens) works. ``reference`` is speculant's greedy
     output per prompt (genai's pad id must be one it never emits). ``work``: where the
-    checkpoints and genai's models go (None: a temporary folder, removed by ``close``)."""
+    checkpoints and genai's models go (None: a temporary folder, removed by ``close``); a
+    checkpoint or model already there, made from the same files, is reused."""
     setup = AnchorSetup()
     wanted = [name for name in anchors if _available(name, setup, note)]
     if not wanted:
@@ -90,10 +94,19 @@ def _skip_all(setup: AnchorSetup, name: str, reason: str, note) -> None:
 
 
 def _checkpoints(package: Path, draft: Path | None, work: Path) -> tuple[Path, Path | None]:
+    """`export_hf` of the package (and the draft package) under ``work/hf``, unless an earlier
+    run exported the same files there."""
     from speculant.export import export_hf
 
-    target = export_hf(package, work / "hf" / "target")
-    return target, (export_hf(draft, work / "hf" / "draft") if draft is not None else None)
+    def export(source: Path, out: Path) -> Path:
+        made_from = fingerprint(source)
+        if not is_current(out, made_from):
+            export_hf(source, out)
+            mark(out, made_from)
+        return out
+
+    target = export(package, work / "hf" / "target")
+    return target, (export(draft, work / "hf" / "draft") if draft is not None else None)
 
 
 def _first_decode_works(runner: AnchorRunner, prompt: Sequence[int], setup: AnchorSetup,

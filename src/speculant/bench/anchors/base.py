@@ -14,9 +14,11 @@ and a draft model with ``draft``, at the same k.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from speculant.bench.runners import Runner
 
@@ -127,3 +129,29 @@ class AnchorSetup:
 def emitted_ids(reference: Sequence[Sequence[int]]) -> set[int]:
     """Every token id the reference (speculant greedy) emits over the prompt set."""
     return {int(t) for tokens in reference for t in tokens}
+
+
+# -- reuse of exported and built files in a kept --anchor-dir ------------------------------------
+STAMP = ".speculant-source"  # what a folder was made from, to reuse it in a later run
+
+
+def fingerprint(*folders: Path, extra: str = "") -> str:
+    """A digest of every file under ``folders`` (relative path, size, modification time) and
+    ``extra``: what an exported or built folder was made from."""
+    digest = hashlib.sha256(extra.encode())
+    for folder in folders:
+        for path in sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name != STAMP):
+            stat = path.stat()
+            digest.update(f"{path.relative_to(folder)}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+                          .encode())
+    return digest.hexdigest()
+
+
+def is_current(out: Path, source: str) -> bool:
+    """Whether ``out`` was made from ``source`` (a :func:`fingerprint`) by an earlier run."""
+    stamp = Path(out) / STAMP
+    return stamp.is_file() and stamp.read_text() == source
+
+
+def mark(out: Path, source: str) -> None:
+    (Path(out) / STAMP).write_text(source)

@@ -36,9 +36,18 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from speculant.bench.anchors.base import AnchorDecode, AnchorError, AnchorRunner, AnchorSetup
+from speculant.bench.anchors.base import (
+    AnchorDecode,
+    AnchorError,
+    AnchorRunner,
+    AnchorSetup,
+    fingerprint,
+    is_current,
+    mark,
+)
 
 BUILDER_MODULE = "onnxruntime_genai.models.builder"
+BUILT_CONFIG = "genai_config.builder.json"  # the builder's config, kept as it wrote it
 NGRAM_SIZE = 4  # genai matches the last ngram_size - 1 tokens: 3, as speculant's n_max
 STATS_KEYS = ("rounds", "draft_tokens_proposed", "draft_tokens_evaluated",
               "draft_tokens_accepted", "correction_tokens", "bonus_tokens",
@@ -140,9 +149,14 @@ def device_id(device: str) -> int | None:
 
 
 # -- building and running ---------------------------------------------------------------------
-def build(hf_dir: Path, out_dir: Path, cache_dir: Path, device: str) -> list[str]:
-    """Run the builder (offline) into ``out_dir``; its log beside it. Returns the command."""
+def build(hf_dir: Path, out_dir: Path, cache_dir: Path, device: str) -> tuple[list[str], bool]:
+    """Run the builder (offline) into ``out_dir``, its log beside it, and keep its config as
+    ``genai_config.builder.json``; skipped when an earlier run built the same checkpoint with
+    the same command there. Returns the command and whether the earlier build was reused."""
     command = builder_command(hf_dir, out_dir, cache_dir, device)
+    made_from = fingerprint(hf_dir, extra=" ".join(command[1:]))
+    if is_current(out_dir, made_from) and (out_dir / BUILT_CONFIG).is_file():
+        return command, True
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     log = out_dir.with_name(out_dir.name + ".builder.log")
     with log.open("w") as handle:
@@ -152,7 +166,9 @@ def build(hf_dir: Path, out_dir: Path, cache_dir: Path, device: str) -> list[str
         tail = log.read_text().strip().splitlines()[-6:]
         raise AnchorError(f"the onnxruntime-genai model builder failed on {hf_dir} (exit "
                           f"{done.returncode}): {' | '.join(tail)}")
-    return command
+    (out_dir / BUILT_CONFIG).write_text((out_dir / "genai_config.json").read_text())
+    mark(out_dir, made_from)
+    return command, False
 
 
 def _hf_config(folder: Path) -> dict:
@@ -178,23 +194,23 @@ def prepare(setup: AnchorSetup, *, target_hf: Path, draft_hf: Path | None, work:
     root = work / "genai"
     root.mkdir(parents=True, exist_ok=True)
     cache = work / "genai-cache"
-    commands = {"target": build(target_hf, root / "target", cache, device)}
+    builds = {"target": build(target_hf, root / "target", cache, device)}
     use_draft = draft_hf is not None and "draft" in proposers
     if use_draft:
-        commands["draft"] = build(draft_hf, root / "draft", cache, device)
+        builds["draft"] = build(draft_hf, root / "draft", cache, device)
 
-    built = json.loads((root / "target" / "genai_config.json").read_text())
+    built = json.loads((root / "target" / BUILT_CONFIG).read_text())
     vocab = built["model"]["vocab_size"]
     eos = built["model"].get("eos_token_id")
     eos_ids = eos if isinstance(eos, list) else [eos]
     pad = unused_token_id(vocab, emitted, avoid=[e for e in eos_ids if e is not None])
     target_config = patch_config(built, threads=threads, pad_token_id=pad,
                                  device_id=device_id(device))
-    (root / "target" / "genai_config.builder.json").write_text(json.dumps(built, indent=4))
     (root / "target" / "genai_config.json").write_text(json.dumps(target_config, indent=4))
     setup.info["genai"] = {
         "versions": {"onnxruntime-genai": og.__version__},
-        "builder_commands": commands,
+        "builder_commands": {name: command for name, (command, _) in builds.items()},
+        "reused_builds": [name for name, (_, reused) in builds.items() if reused],
         "precision": "fp32",
         "lm_head_check": "no projection width equals the vocabulary size "
                          f"({vocab}): {projection_widths(_hf_config(target_hf))}",
@@ -207,7 +223,7 @@ def prepare(setup: AnchorSetup, *, target_hf: Path, draft_hf: Path | None, work:
     target_model = og.Model(str(root / "target"))
     models = {"target": target_model}
     if use_draft:
-        draft_built = json.loads((root / "draft" / "genai_config.json").read_text())
+        draft_built = json.loads((root / "draft" / BUILT_CONFIG).read_text())
         composite = patch_config(compose_draft_config(built, draft_built), threads=threads,
                                  pad_token_id=pad, device_id=device_id(device))
         (root / "genai_config.json").write_text(json.dumps(composite, indent=4))
