@@ -101,6 +101,13 @@ def test_transformers_options_per_mode():
     assert hf.torch_device("cuda") == "cuda:0" and hf.torch_device("cuda:1") == "cuda:1"
 
 
+def test_transformers_loads_the_checkpoint_in_its_own_dtype(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    assert hf.checkpoint_dtype(tmp_path) == "float16"
+    (tmp_path / "config.json").write_text("{}")
+    assert hf.checkpoint_dtype(tmp_path) == "float32"
+
+
 # -- onnxruntime-genai: checks, command line, config edits -------------------------------------
 def test_projection_widths_and_the_lm_head_pitfall():
     assert genai.projection_widths(LLAMA) == {
@@ -131,6 +138,45 @@ def test_builder_command_is_offline_fp32_on_the_device():
     assert command == ["py", "-m", "onnxruntime_genai.models.builder", "-i", "/hf", "-o",
                        "/out", "-p", "fp32", "-e", "cpu", "-c", "/cache"]
     assert genai.builder_command(Path("/hf"), Path("/o"), Path("/c"), "cuda:1")[-3] == "cuda"
+
+
+def test_the_builder_precision_follows_the_checkpoint_dtype():
+    assert genai.builder_precision({"torch_dtype": "float32"}) == "fp32"
+    assert genai.builder_precision({"torch_dtype": "float16"}) == "fp16"
+    assert genai.builder_precision({}) == "fp32"
+    with pytest.raises(anchors_base.AnchorError, match="int8"):
+        genai.builder_precision({"torch_dtype": "int8"})
+    command = genai.builder_command(Path("/hf"), Path("/o"), Path("/c"), "cuda",
+                                    precision="fp16")
+    assert command[command.index("-p") + 1] == "fp16"
+
+
+def _graph(outputs_made: bool):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1])
+    present = helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, [1])
+    nodes = [helper.make_node("Identity", ["x"], ["logits"])]
+    if outputs_made:
+        nodes.append(helper.make_node("Identity", ["x"], ["present.0.key"]))
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y, present]))
+
+
+def test_a_built_graph_whose_outputs_no_node_makes_is_refused(tmp_path):
+    """The builder's float32 CUDA graph of a GQA model declares present.* that nothing makes."""
+    import onnx
+
+    assert genai.missing_outputs(_graph(True)) == []
+    assert genai.missing_outputs(_graph(False)) == ["present.0.key"]
+    onnx.save(_graph(False), str(tmp_path / "model.onnx"))
+    (tmp_path / "genai_config.json").write_text(json.dumps(BUILT))
+    command = genai.builder_command(Path("/hf"), tmp_path, Path("/c"), "cuda")
+    with pytest.raises(anchors_base.AnchorError, match="present.0.key") as caught:
+        genai.check_graph(tmp_path, command)
+    assert "-p fp32 -e cuda" in str(caught.value) and "float16" in str(caught.value)
+    onnx.save(_graph(True), str(tmp_path / "model.onnx"))
+    genai.check_graph(tmp_path, command)
 
 
 def test_patch_config_sets_threads_masks_eos_and_keeps_the_original():
@@ -258,10 +304,20 @@ def test_anchor_records_and_ratios_on_literal_samples():
     assert (pair["speculant"], pair["anchor"]) == ("greedy", "hf greedy")
     assert pair["end_to_end_tokens_per_s"]["ratio"] == pytest.approx(2.0)
     assert pair["end_to_end_tokens_per_s"]["per_repeat"]["values"] == pytest.approx([2, 2])
+    assert mismatch["prompts_equal_to_greedy"] == "1/2"
+    assert record["prompts_equal_to_greedy"] == "2/2"
     best = ratios["best"][0]["end_to_end_tokens_per_s"]
-    # the anchor's lookup did not match greedy, so its best is its greedy
-    assert (best["speculant"], best["anchor"]) == ("prompt_lookup k=2", "hf greedy")
-    assert best["ratio"] == pytest.approx(4.0)
+    # an anchor's tokens may differ (float16 near-ties): it still counts, and says so
+    assert (best["speculant"], best["anchor"]) == ("prompt_lookup k=2", "hf prompt_lookup k=2")
+    # medians over the repeats: (8/0.010 + 8/0.012) / 2 against 8/0.020
+    assert best["ratio"] == pytest.approx((800 + 8 / 0.012) / 2 / 400)
+    assert best["anchor_matches_greedy"] is False
+    assert ratios["per_mode"][1]["anchor_matches_greedy"] is False
+    # an anchor that did not decode every token never stands for its runtime
+    short = _result(their_lookup, [[1, 2, 3], [5, 6, 7]], [0.002, 0.002])
+    short_record = anchor_report.summarize_anchor(short, greedy, new_tokens=4)
+    ratios = anchor_report.ratios(ours, ours_records, [a_greedy, short], [record, short_record])
+    assert ratios["best"][0]["end_to_end_tokens_per_s"]["anchor"] == "hf greedy"
 
 
 def test_markdown_names_anchors_ratios_and_skips():
@@ -272,7 +328,8 @@ def test_markdown_names_anchors_ratios_and_skips():
               "counterpart": "prompt_lookup k=2", "decode_tokens_per_s": spread,
               "end_to_end_tokens_per_s": spread, "time_to_first_token_ms": spread,
               "decode_ms_per_prompt": spread, "total_ms_per_prompt": spread,
-              "tokens_per_prompt": [4], "decoded_every_token": True, "matches_greedy": True,
+              "tokens_per_prompt": [4], "decoded_every_token": True, "matches_greedy": False,
+              "prompts_equal_to_greedy": "3/4",
               "target_passes": None, "draft_passes": None, "tokens_per_round": 2.5,
               "genai_stats": {"rounds": 3, "draft_tokens_accepted": 4}}
     report = {"anchors": {
@@ -294,6 +351,7 @@ def test_markdown_names_anchors_ratios_and_skips():
     }}
     text = "\n".join(anchor_report.markdown(report))
     assert "| genai ngram k=2 | prompt_lookup k=2 | 100 [90–110] |" in text
+    assert "| NO (3/4 prompts equal) | yes |" in text
     assert "| best vs genai best | draft k=2 | genai ngram k=2 | 1.50× [1.40–1.60] |" in text
     assert "(greedy ÷ genai ngram k=2)" in text  # the end-to-end best is another pair
     assert "| same mode | prompt_lookup k=2 | genai ngram k=2 | 1.50× [1.40–1.60] | – |" in text

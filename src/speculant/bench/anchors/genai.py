@@ -3,14 +3,21 @@ the Hugging Face checkpoint, decoded by its ``Generator``.
 
     python -m onnxruntime_genai.models.builder -i HF_DIR -o OUT -p fp32 -e cpu -c CACHE
 
-(offline: ``-i`` a local folder, ``HF_HUB_OFFLINE=1``). Known pitfalls of the builder, and
-what this module does about them:
+(offline: ``-i`` a local folder, ``HF_HUB_OFFLINE=1``; ``-p`` the checkpoint's dtype, so
+float32 packages are built ``fp32`` and float16 ones ``fp16``). Known pitfalls of the builder,
+and what this module does about them:
 
 - it ignores the tokenizer's BOS post-processor: the bench feeds token ids, never text;
 - it takes *any* ``nn.Linear`` whose width equals the vocabulary size for the LM head
   (``has_lm_head``: ``out_features == vocab_size``), so a projection of that width would be
   wired as the head: :func:`lm_head_clashes` checks every projection width against the
   vocabulary before building, and the anchor is skipped when one matches;
+- for CUDA in float32 it has no GroupQueryAttention (that kernel is float16/bfloat16 on CUDA)
+  and falls back to the ``com.microsoft`` ``Attention`` op, which it leaves without its KV cache
+  when the model has fewer KV heads than heads (the graph declares ``present.*`` outputs that
+  no node produces, and ONNX Runtime refuses to load it): :func:`missing_outputs` checks the
+  built graph, and the anchor is skipped with that reason (a float16 package, from
+  ``speculant convert --dtype float16``, builds with GroupQueryAttention);
 - its sessions take ONNX Runtime's default thread count: :func:`patch_config` writes
   ``intra_op_num_threads`` into every ``session_options`` block (target and draft);
 - ``eos_token_id`` *and* ``pad_token_id`` end a decode, and neither may be left out:
@@ -47,6 +54,7 @@ from speculant.bench.anchors.base import (
 )
 
 BUILDER_MODULE = "onnxruntime_genai.models.builder"
+PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # checkpoint → -p
 BUILT_CONFIG = "genai_config.builder.json"  # the builder's config, kept as it wrote it
 NGRAM_SIZE = 4  # genai matches the last ngram_size - 1 tokens: 3, as speculant's n_max
 STATS_KEYS = ("rounds", "draft_tokens_proposed", "draft_tokens_evaluated",
@@ -74,11 +82,28 @@ def lm_head_clashes(hf_config: dict) -> list[str]:
     return [name for name, width in projection_widths(hf_config).items() if width == vocab]
 
 
+def builder_precision(hf_config: dict) -> str:
+    """The builder's ``-p`` for a checkpoint: its own dtype (the same weights)."""
+    dtype = hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32"
+    if dtype not in PRECISIONS:
+        raise AnchorError(f"the checkpoint's dtype {dtype!r} has no builder precision; "
+                          f"known: {', '.join(PRECISIONS)}")
+    return PRECISIONS[dtype]
+
+
 def builder_command(hf_dir: Path, out_dir: Path, cache_dir: Path, device: str,
-                    python: str = sys.executable) -> list[str]:
+                    python: str = sys.executable, precision: str = "fp32") -> list[str]:
     execution_provider = "cuda" if device.startswith("cuda") else "cpu"
-    return [python, "-m", BUILDER_MODULE, "-i", str(hf_dir), "-o", str(out_dir), "-p", "fp32",
-            "-e", execution_provider, "-c", str(cache_dir)]
+    return [python, "-m", BUILDER_MODULE, "-i", str(hf_dir), "-o", str(out_dir), "-p",
+            precision, "-e", execution_provider, "-c", str(cache_dir)]
+
+
+def missing_outputs(model) -> list[str]:
+    """Graph outputs of an ONNX model that no node, input or initializer produces."""
+    graph = model.graph
+    produced = ({o for node in graph.node for o in node.output}
+                | {i.name for i in graph.input} | {t.name for t in graph.initializer})
+    return [o.name for o in graph.output if o.name not in produced]
 
 
 def unused_token_id(vocab_size: int, emitted: Iterable[int], avoid: Iterable[int] = ()) -> int:
@@ -153,7 +178,8 @@ def build(hf_dir: Path, out_dir: Path, cache_dir: Path, device: str) -> tuple[li
     """Run the builder (offline) into ``out_dir``, its log beside it, and keep its config as
     ``genai_config.builder.json``; skipped when an earlier run built the same checkpoint with
     the same command there. Returns the command and whether the earlier build was reused."""
-    command = builder_command(hf_dir, out_dir, cache_dir, device)
+    command = builder_command(hf_dir, out_dir, cache_dir, device,
+                              precision=builder_precision(_hf_config(hf_dir)))
     made_from = fingerprint(hf_dir, extra=" ".join(command[1:]))
     if is_current(out_dir, made_from) and (out_dir / BUILT_CONFIG).is_file():
         return command, True
@@ -166,9 +192,32 @@ def build(hf_dir: Path, out_dir: Path, cache_dir: Path, device: str) -> tuple[li
         tail = log.read_text().strip().splitlines()[-6:]
         raise AnchorError(f"the onnxruntime-genai model builder failed on {hf_dir} (exit "
                           f"{done.returncode}): {' | '.join(tail)}")
+    check_graph(out_dir, command)
     (out_dir / BUILT_CONFIG).write_text((out_dir / "genai_config.json").read_text())
     mark(out_dir, made_from)
     return command, False
+
+
+def check_graph(out_dir: Path, command: Sequence[str]) -> None:
+    """Refuse a built model whose declared outputs are not all produced (ONNX Runtime would
+    refuse to load it), naming them and the builder's precision and device."""
+    import onnx
+
+    config = json.loads((out_dir / "genai_config.json").read_text())
+    model = onnx.load(str(out_dir / config["model"]["decoder"]["filename"]),
+                      load_external_data=False)
+    missing = missing_outputs(model)
+    if missing:
+        ops = sorted({n.op_type for n in model.graph.node if "Attention" in n.op_type})
+        raise AnchorError(
+            f"the onnxruntime-genai builder ({' '.join(command[command.index('-p'):][:4])}) "
+            f"wrote "
+            f"a graph that declares {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}"
+            f" ({len(missing)} outputs) that no node produces (attention op: "
+            f"{', '.join(ops) or 'none'}), which ONNX Runtime refuses to load; for CUDA in "
+            "float32 the builder has no GroupQueryAttention and leaves the fallback Attention "
+            "op without its KV cache. A float16 package (speculant convert --dtype float16) "
+            "builds with GroupQueryAttention")
 
 
 def _hf_config(folder: Path) -> dict:
@@ -211,7 +260,7 @@ def prepare(setup: AnchorSetup, *, target_hf: Path, draft_hf: Path | None, work:
         "versions": {"onnxruntime-genai": og.__version__},
         "builder_commands": {name: command for name, (command, _) in builds.items()},
         "reused_builds": [name for name, (_, reused) in builds.items() if reused],
-        "precision": "fp32",
+        "precision": builds["target"][0][builds["target"][0].index("-p") + 1],
         "lm_head_check": "no projection width equals the vocabulary size "
                          f"({vocab}): {projection_widths(_hf_config(target_hf))}",
         "config_patch": {"intra_op_num_threads": threads, "eos_token_id": [],

@@ -1,6 +1,7 @@
 """The Hugging Face transformers anchor: ``generate`` on the checkpoint `export_hf` writes.
 
-Modes, all greedy (``do_sample=False``), float32, EOS never ending a decode
+Modes, all greedy (``do_sample=False``), in the checkpoint's dtype (float32 for a float32
+package, float16 for one from ``speculant convert --dtype float16``), EOS never ending a decode
 (``eos_token_id=None``, ``min_new_tokens = max_new_tokens = N``):
 
 - ``greedy``: plain ``generate``;
@@ -19,6 +20,7 @@ counting pass.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
@@ -84,15 +86,21 @@ def _counting(module):
         handle.remove()
 
 
+def checkpoint_dtype(folder: Path) -> str:
+    """The dtype `export_hf` wrote the checkpoint in (its config's ``torch_dtype``)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return config.get("torch_dtype") or config.get("dtype") or "float32"
+
+
 def _load(transformers, torch, folder: Path, device: str):
     major = int(transformers.__version__.split(".")[0])
     dtype_key = "dtype" if major >= 5 else "torch_dtype"
-    model = transformers.LlamaForCausalLM.from_pretrained(str(folder),
-                                                          **{dtype_key: torch.float32})
+    dtype = getattr(torch, checkpoint_dtype(folder))
+    model = transformers.LlamaForCausalLM.from_pretrained(str(folder), **{dtype_key: dtype})
     model = model.to(device).eval()
     dtypes = {p.dtype for p in model.parameters()}
-    if dtypes != {torch.float32}:
-        raise RuntimeError(f"{folder} loaded as {dtypes}, not float32")
+    if dtypes != {dtype}:
+        raise RuntimeError(f"{folder} loaded as {dtypes}, not {dtype}")
     return model
 
 
@@ -112,7 +120,7 @@ def prepare(setup: AnchorSetup, *, target_dir: Path, draft_dir: Path | None, dev
     setup.info["hf"] = {
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "device": where, "torch_threads": torch.get_num_threads() if where == "cpu" else None,
-        "dtype": "float32", "checkpoint": str(target_dir),
+        "dtype": checkpoint_dtype(target_dir), "checkpoint": str(target_dir),
         "draft_checkpoint": str(draft_dir) if draft_dir else None,
         "shared": {"do_sample": False, "max_new_tokens": "N", "min_new_tokens": "N",
                    "eos_token_id": None, "pad_token_id": 0},

@@ -9,8 +9,9 @@ anchor (above 1: speculant is faster), within the run:
   (greedy ↔ greedy, prompt lookup / n-gram ↔ ``prompt_lookup``, assisted / draft model ↔
   ``draft``, same k);
 - *best*: speculant's fastest runner against each runtime's fastest runner (by median decode
-  tokens/s, and separately by end-to-end tokens/s), among runners that decoded every token and
-  matched greedy.
+  tokens/s, and separately by end-to-end tokens/s), among runners that decoded every token
+  (speculant's must also match its greedy; an anchor's tokens may differ from speculant's
+  greedy where float16 kernels break near-ties differently, which its row says).
 
 Each ratio also has its spread over the repeats, runner against runner in the same repeat
 (``decode_per_repeat``).
@@ -81,6 +82,7 @@ def summarize_anchor(result: RunnerResult, greedy: RunnerResult | None,
         "decoded_every_token": all(len(s.token_ids) == new_tokens
                                    for samples in result.samples for s in samples),
         "matches_greedy": None,
+        "prompts_equal_to_greedy": None,  # "m/n" in the last repeat
         "target_passes": target_passes,
         "draft_passes": _sum_counts(result.counts, "draft_passes"),
         "tokens_per_round": per_round,
@@ -91,11 +93,15 @@ def summarize_anchor(result: RunnerResult, greedy: RunnerResult | None,
         data["matches_greedy"] = all(
             s.token_ids == g.token_ids
             for samples in result.samples for s, g in zip(samples, reference, strict=True))
+        equal = sum(s.token_ids == g.token_ids for s, g in zip(last, reference, strict=True))
+        data["prompts_equal_to_greedy"] = f"{equal}/{len(last)}"
     return data
 
 
-def _eligible(record: dict) -> bool:
-    return record["decoded_every_token"] and record["matches_greedy"] is not False
+def _eligible(record: dict, anchor: bool = False) -> bool:
+    """A runner that may stand for its runtime's best: it decoded every token, and (speculant's
+    own runners) matched greedy."""
+    return record["decoded_every_token"] and (anchor or record["matches_greedy"] is not False)
 
 
 def _ratio(ours: RunnerResult, theirs: RunnerResult, figure_name: str) -> dict:
@@ -113,7 +119,8 @@ def ratios(results: list[RunnerResult], records: list[dict], anchors: list[Runne
     per_mode = []
     for anchor, record in zip(anchors, anchor_records, strict=True):
         ours = by_runner.get(anchor.runner.counterpart)
-        row = {"anchor": record["name"], "speculant": anchor.runner.counterpart.name}
+        row = {"anchor": record["name"], "speculant": anchor.runner.counterpart.name,
+               "anchor_matches_greedy": record["matches_greedy"]}
         for figure in RATIO_FIGURES:
             row[figure] = _ratio(ours, anchor, figure) if ours is not None else None
         per_mode.append(row)
@@ -122,7 +129,7 @@ def ratios(results: list[RunnerResult], records: list[dict], anchors: list[Runne
     ours_ok = [(r, rec) for r, rec in zip(results, records, strict=True) if _eligible(rec)]
     for runtime in dict.fromkeys(a.runner.runtime for a in anchors):
         theirs_ok = [(a, rec) for a, rec in zip(anchors, anchor_records, strict=True)
-                     if a.runner.runtime == runtime and _eligible(rec)]
+                     if a.runner.runtime == runtime and _eligible(rec, anchor=True)]
         row = {"runtime": runtime}
         for figure in RATIO_FIGURES:
             if not ours_ok or not theirs_ok:
@@ -131,6 +138,7 @@ def ratios(results: list[RunnerResult], records: list[dict], anchors: list[Runne
             mine, mine_rec = max(ours_ok, key=lambda p: p[1][figure]["median"])
             other, other_rec = max(theirs_ok, key=lambda p: p[1][figure]["median"])
             row[figure] = {"speculant": mine_rec["name"], "anchor": other_rec["name"],
+                           "anchor_matches_greedy": other_rec["matches_greedy"],
                            **_ratio(mine, other, figure)}
         best.append(row)
     return {"per_mode": per_mode, "best": best}
@@ -201,8 +209,8 @@ def markdown(report: dict) -> list[str]:
             "|---|---|---:|---:|---:|---:|---:|---:|:---:|:---:|",
         ]
         for r in section["runners"]:
-            same = "–" if r["matches_greedy"] is None else ("yes" if r["matches_greedy"]
-                                                            else "NO")
+            same = "–" if r["matches_greedy"] is None else "yes" if r["matches_greedy"] else \
+                f"NO ({r.get('prompts_equal_to_greedy') or '?'} prompts equal)"
             per_round = "–" if r["tokens_per_round"] is None else f"{r['tokens_per_round']:.2f}"
             passes = "–" if r["target_passes"] is None else str(r["target_passes"])
             lines.append(
@@ -226,8 +234,11 @@ def markdown(report: dict) -> list[str]:
             e2e_note = "" if e2e["speculant"] == decode["speculant"] and \
                 e2e["anchor"] == decode["anchor"] else \
                 f" ({e2e['speculant']} ÷ {e2e['anchor']})"
+            differs = "" if decode.get("anchor_matches_greedy") is not False else \
+                " (its tokens differ from greedy)"
             lines.append(f"| best vs {row['runtime']} best | {decode['speculant']} | "
-                         f"{decode['anchor']} | {_times(decode)} | {_times(e2e)}{e2e_note} |")
+                         f"{decode['anchor']}{differs} | {_times(decode)} | "
+                         f"{_times(e2e)}{e2e_note} |")
         for row in ratios_["per_mode"]:
             lines.append(f"| same mode | {row['speculant']} | {row['anchor']} | "
                          f"{_times(row['decode_tokens_per_s'])} | "
