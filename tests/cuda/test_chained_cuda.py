@@ -15,34 +15,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from gpu_probe import cuda_marks
 
 import speculant
 from speculant.fixtures.writers import write_chained_package
 from speculant.tensors.transfer_guard import forbid_host_transfers
 from speculant.workflow.state import DecodeState
 
-
-def _why_no_gpu() -> str | None:
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'speculant[cuda]')"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device (getDeviceCount() == 0)"
-    except (RuntimeError, OSError) as exc:
-        return f"no usable CUDA device ({exc})"
-    try:
-        import onnxruntime
-    except ImportError:
-        return "onnxruntime is not installed"
-    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        return "this onnxruntime build has no CUDAExecutionProvider (pip install 'speculant[cuda]')"
-    return None
-
-
-NO_GPU = _why_no_gpu()
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))]
+pytestmark = cuda_marks()
 
 PROMPTS = ([5, 9, 3], [20, 8, 15, 12, 2])
 MAX_NEW = 40

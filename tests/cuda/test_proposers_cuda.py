@@ -12,32 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gpu_probe import cuda_marks
 
 import speculant
 from speculant.fixtures import DEFAULT_DEVIATION_POSITIONS
 from speculant.fixtures.writers import write_chained_package, write_decoder_package
 from speculant.tensors.transfer_guard import forbid_host_transfers
 
-
-def _why_no_gpu() -> str | None:
-    """Not speculant code: CuPy's runtime and ONNX Runtime's provider list."""
-    try:
-        import cupy
-        import onnxruntime
-    except ImportError as exc:
-        return f"{exc.name} is not installed (pip install 'speculant[cuda]')"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device (getDeviceCount() == 0)"
-    except (RuntimeError, OSError) as exc:
-        return f"no usable CUDA device ({exc})"
-    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        return "this onnxruntime build has no CUDAExecutionProvider (pip install 'speculant[cuda]')"
-    return None
-
-
-NO_GPU = _why_no_gpu()
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))]
+pytestmark = cuda_marks()
 
 PROMPTS = ([5, 9, 3], [20, 8, 15, 12, 2])
 MAX_NEW = 40

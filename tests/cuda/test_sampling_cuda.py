@@ -16,26 +16,12 @@ import math
 
 import numpy as np
 import pytest
+from gpu_probe import cuda_marks
 
 from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value, make_seam
 from speculant.tensors.sampling import Sampling
 
-
-def _why_no_gpu() -> str | None:
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'speculant[cuda]')"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device (getDeviceCount() == 0)"
-    except (RuntimeError, OSError) as exc:
-        return f"no usable CUDA device ({exc})"
-    return None
-
-
-NO_GPU = _why_no_gpu()
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(NO_GPU is not None, reason=str(NO_GPU))]
+pytestmark = cuda_marks(needs_ort_cuda=False)
 
 DEVICE = "cuda:0"
 FLOATS = ("float32", "float16", "bfloat16")
