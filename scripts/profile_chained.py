@@ -2,11 +2,13 @@
 
     uv run --extra cpu python scripts/profile_chained.py PACKAGE --prompts FILE --k 4 \
         --new-tokens 64 --threads 1 --out profile.txt
+    python scripts/profile_chained.py PACKAGE --prompts FILE --device cuda --k 0 --out greedy.txt
 
 Loads the package, decodes every prompt once untimed (warm-up), then profiles one pass over
-the prompt set with ``speculative=True, k=K`` (EOS masked) and writes the top 20 functions by
-own time (tottime) and by cumulative time, with the run's totals. The ONNX Runtime work shows
-as ``InferenceSession.run_with_iobinding``; everything else is the runtime's Python.
+the prompt set with ``speculative=True, k=K`` (``--k 0``: plain greedy; EOS masked) and
+writes the top 20 functions by own time (tottime) and by cumulative time, with the run's
+totals. The ONNX Runtime work shows as ``InferenceSession.run_with_iobinding``; everything
+else is the runtime's Python.
 """
 
 from __future__ import annotations
@@ -37,15 +39,18 @@ def main() -> None:
     parser.add_argument("--prompts", type=Path, required=True)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="ONNX Runtime intra-op threads (default: 1 on the CPU, ORT's on CUDA)")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--proposer", default="chained")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    engine = speculant.load(args.package, threads=args.threads)
+    threads = args.threads if args.threads or args.device != "cpu" else 1
+    engine = speculant.load(args.package, device=args.device, threads=threads)
     prompts = read_prompts(args.prompts)
-    options = {"stop_on_eos": False, "speculative": True, "k": args.k,
-               "proposer": args.proposer}
+    options = ({"stop_on_eos": False, "speculative": True, "k": args.k, "proposer": args.proposer}
+               if args.k else {"stop_on_eos": False})
     for prompt in prompts:
         engine.generate(prompt, args.new_tokens, **options)
 
@@ -61,8 +66,9 @@ def main() -> None:
     wall = time.perf_counter() - started
 
     text = io.StringIO()
-    text.write(f"cProfile: {args.proposer} k={args.k}, {len(prompts)} prompts x "
-               f"{args.new_tokens} new tokens, package {args.package}, threads {args.threads}\n"
+    runner = f"{args.proposer} k={args.k}" if args.k else "greedy"
+    text.write(f"cProfile: {runner} on {args.device}, {len(prompts)} prompts x "
+               f"{args.new_tokens} new tokens, package {args.package}, threads {threads}\n"
                f"machine: {machine()['cpu']} ({machine()['cores']['usable']} usable CPUs), python "
                f"{platform.python_version()}; wall {wall:.3f} s under the profiler, "
                f"{passes} target passes, {rounds} rounds\n\n")

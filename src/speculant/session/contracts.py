@@ -14,6 +14,33 @@ from speculant.package.model import TensorContract
 from speculant.tensors import Value
 
 
+@dataclass(frozen=True, slots=True)
+class CompiledContract:
+    """A contract's checks in plain Python values, read once per contract (the hot path)."""
+
+    dtype: str
+    rank: int
+    aligned: int | None  # the request-aligned axis, if any
+    dims: tuple[int | str | None, ...]
+
+
+_COMPILED: dict[int, tuple[TensorContract, CompiledContract]] = {}
+
+
+def compile_contract(contract: TensorContract) -> CompiledContract:
+    """``contract`` as a `CompiledContract` (cached; contracts are frozen models)."""
+    hit = _COMPILED.get(id(contract))
+    if hit is not None and hit[0] is contract:
+        return hit[1]
+    layout = contract.batch_layout
+    compiled = CompiledContract(
+        dtype=contract.dtype, rank=contract.rank,
+        aligned=layout.axis if layout.kind == "request_aligned" else None,
+        dims=tuple(contract.dims))
+    _COMPILED[id(contract)] = (contract, compiled)  # keeps the contract alive: ids stay unique
+    return compiled
+
+
 @dataclass
 class SymbolTable:
     scope: str  # e.g. "invocation of 'target'" or "pass at C0=7"
@@ -22,29 +49,37 @@ class SymbolTable:
 
     def check(self, name: str, contract: TensorContract, value: Value) -> None:
         """Check ``value`` (bound as ``name``) against ``contract``; bind new symbols."""
-        if value.dtype != contract.dtype:
+        spec = compile_contract(contract)
+        shape = value.shape
+        if value.dtype != spec.dtype:
             raise ContractError(
                 f"{self.scope}: '{name}' has dtype {value.dtype}, its contract says "
-                f"{contract.dtype}", path=name, value=value.dtype, expected=contract.dtype)
-        if value.rank != contract.rank:
+                f"{spec.dtype}", path=name, value=value.dtype, expected=spec.dtype)
+        if len(shape) != spec.rank:
             raise ContractError(
-                f"{self.scope}: '{name}' has rank {value.rank} (shape {list(value.shape)}), its "
-                f"contract says {contract.rank}", path=name, value=value.shape,
-                expected=f"rank {contract.rank}")
-        aligned = contract.batch_layout.axis if contract.batch_layout.kind == "request_aligned" \
-            else None
-        for axis, (dim, extent) in enumerate(zip(contract.dims, value.shape, strict=True)):
-            if axis == aligned and extent != 1:
+                f"{self.scope}: '{name}' has rank {len(shape)} (shape {list(shape)}), its "
+                f"contract says {spec.rank}", path=name, value=shape,
+                expected=f"rank {spec.rank}")
+        for axis, dim in enumerate(spec.dims):
+            extent = shape[axis]
+            if axis == spec.aligned and extent != 1:
                 raise ContractError(
                     f"{self.scope}: '{name}' has {extent} rows on its request axis {axis}; "
                     "speculant decodes one sequence per run", path=name, value=extent,
                     expected="1")
-            if isinstance(dim, int) and dim != extent:
-                raise ContractError(
-                    f"{self.scope}: '{name}' axis {axis} has extent {extent}, its contract fixes "
-                    f"{dim}", path=name, value=extent, expected=str(dim))
-            if isinstance(dim, str) and dim not in self.dynamic:
-                self.bind(dim, extent, f"'{name}' axis {axis}")
+            if dim is None:
+                continue
+            if isinstance(dim, int):
+                if dim != extent:
+                    raise ContractError(
+                        f"{self.scope}: '{name}' axis {axis} has extent {extent}, its contract "
+                        f"fixes {dim}", path=name, value=extent, expected=str(dim))
+            elif dim not in self.dynamic:
+                previous = self.bound.get(dim)
+                if previous is None:
+                    self.bound[dim] = (extent, f"'{name}' axis {axis}")
+                elif previous[0] != extent:
+                    self.bind(dim, extent, f"'{name}' axis {axis}")  # raises with the context
 
     def bind(self, symbol: str, extent: int, by: str) -> None:
         previous = self.bound.get(symbol)

@@ -47,6 +47,7 @@ import numpy as np
 
 from speculant.errors import ContractError, ResidencyError
 from speculant.tensors import sampling as sampling_math
+from speculant.tensors.cuda_kernels import ARGMAX_THREADS, first_argmax_rows
 from speculant.tensors.ops import ResidencyCounters
 from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import NUMPY_DTYPES, Value, window_is_view
@@ -233,12 +234,23 @@ class CudaBackend:
         ordinal = cuda_ordinal(v.residency)
         index: list[slice] = [slice(None)] * v.rank
         index[axis] = slice(start, start + length)
-        with self._on(ordinal):
+        with self._on(ordinal) as stream:
             part = v.data[tuple(index)]  # a CuPy view, no bytes move
             if window_is_view(v.shape, axis, length):
                 return Value(part, v.residency, v.dtype, owner=v, owned=False, kind=v.kind)
             out = self._allocate(ordinal, part.shape, v.data.dtype)
-            self._cp.copyto(out, part)  # one device-to-device copy kernel on the stream
+            if not v.data.flags.c_contiguous:  # not from the seam; one copy kernel
+                self._cp.copyto(out, part)
+                self._wrote(ordinal)
+                return Value(out, v.residency, v.dtype, owned=True, kind=v.kind)
+            # the window as rows: outer = the extents before the axis, each row one run of
+            # `length` positions; one 2-D device-to-device copy (no kernel launch)
+            step = math.prod(v.shape[axis + 1:]) * v.data.dtype.itemsize  # bytes per position
+            runtime = self._cp.cuda.runtime
+            runtime.memcpy2DAsync(
+                out.data.ptr, length * step, v.data.data.ptr + start * step,
+                v.shape[axis] * step, length * step, math.prod(v.shape[:axis]),
+                runtime.memcpyDeviceToDevice, stream.ptr)
             self._wrote(ordinal)
         return Value(out, v.residency, v.dtype, owned=True, kind=v.kind)
 
@@ -256,12 +268,20 @@ class CudaBackend:
     def scatter(self, dst: Value, src: Value, offset: int) -> None:
         ordinal = cuda_ordinal(dst.residency)
         width = src.shape[-1] if src.rank else 1
-        with self._on(ordinal):
+        with self._on(ordinal) as stream:
             dst_rows = dst.data.reshape(-1, dst.shape[-1])  # [R, D] view of dst
             src_rows = src.data.reshape(-1, width)  # [r, w]
             if _overlaps(src.data, dst.data):
                 src_rows = src_rows.copy()  # copy-first: src aliases dst
-            dst_rows[:, offset : offset + width] = src_rows
+            if src_rows.shape[0] == dst_rows.shape[0] and src_rows.flags.c_contiguous:
+                item = dst.data.dtype.itemsize  # one 2-D copy: R rows of w elements
+                runtime = self._cp.cuda.runtime
+                runtime.memcpy2DAsync(
+                    dst_rows.data.ptr + offset * item, dst_rows.shape[1] * item,
+                    src_rows.data.ptr, width * item, width * item, dst_rows.shape[0],
+                    runtime.memcpyDeviceToDevice, stream.ptr)
+            else:  # one source row into every row: a broadcast copy kernel
+                dst_rows[:, offset : offset + width] = src_rows
             self._wrote(ordinal)
 
     def zeros(self, shape: Sequence[int], dtype: str, residency: str) -> Value:
@@ -273,7 +293,8 @@ class CudaBackend:
         return Value(out, residency, dtype, owned=True)
 
     def argmax(self, x: Value) -> Value:
-        """runtime.md §7 exactly as residency.md §5 writes it; no library argmax on scores."""
+        """runtime.md §7 exactly as residency.md §5 writes it: one kernel over float32 rows
+        (cuda_kernels.first_argmax_rows); float16 and bfloat16 are widened exactly first."""
         cp = self._cp
         ordinal = cuda_ordinal(x.residency)
         width = x.shape[-1]
@@ -282,15 +303,10 @@ class CudaBackend:
             if x.dtype == "bfloat16":  # the 16 bits in the top half of a float32
                 wide = cp.left_shift(rows.astype(cp.uint32), cp.uint32(16)).view(cp.float32)
             else:
-                wide = rows.astype(cp.float32, copy=False)  # [R, V] float32, exact
-            is_nan = cp.isnan(wide)
-            key = cp.where(is_nan, cp.float32(-np.inf), wide)  # [R, V] float32, no NaN
-            row_max = key.max(axis=1, keepdims=True)  # [R, 1]
-            hit = (key == row_max) & ~is_nan  # [R, V] bool
-            columns = cp.arange(width, dtype=cp.int32)  # [V]
-            first = cp.where(hit, columns, cp.int32(width)).min(axis=1)  # [R]; V when no hit
-            out = self._allocate(ordinal, (rows.shape[0],), np.dtype(np.int32))
-            cp.copyto(out, cp.where(first < width, first, cp.int32(0)))
+                wide = cp.ascontiguousarray(rows.astype(cp.float32, copy=False))  # [R, V]
+            out = self._allocate(ordinal, (rows.shape[0],), np.dtype(np.int32))  # [R] int32
+            first_argmax_rows(cp)((rows.shape[0],), (ARGMAX_THREADS,),
+                                  (wide, np.int32(rows.shape[0]), np.int32(width), out))
         return Value(out, x.residency, "int32", owned=True, kind="token_ids")
 
     # -- sampling (runtime.md §17): tensors/sampling.py over CuPy, as the host runs it over

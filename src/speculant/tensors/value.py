@@ -69,15 +69,15 @@ class Value:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.data.shape)
+        return self.data.shape  # numpy and CuPy both keep a tuple of Python ints
 
     @property
     def rank(self) -> int:
-        return len(self.data.shape)
+        return self.data.ndim
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return int(self.data.size)
 
     @property
     def nbytes(self) -> int:
