@@ -11,7 +11,7 @@ from speculant.export import LlamaConfig, drafter_shapes, target_shapes
 
 CONFIG = LlamaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=40, max_position_embeddings=64,
-                     head_dim=4, rms_norm_eps=1e-5, rope_theta=10000.0)
+                     head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0)
 DRAFT_CONFIG = LlamaConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1,
                            num_attention_heads=2, num_key_value_heads=1, intermediate_size=24,
                            max_position_embeddings=64)
@@ -37,8 +37,9 @@ def random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, n
     return {name: array.astype(np.float32) for name, array in weights.items()}
 
 
-# Seed 93: the smallest top-2 margin on the greedy paths of the tests' prompts is 0.47.
-TARGET_WEIGHTS = random_weights(target_shapes(CONFIG), seed=93)
+# Seed 123: the smallest top-2 margin on the greedy paths of the tests' prompts is 0.62
+# (searched over seeds 60-159 for head_dim 16, the smallest the fused float16 graph takes).
+TARGET_WEIGHTS = random_weights(target_shapes(CONFIG), seed=123)
 DRAFTER_WEIGHTS = random_weights(drafter_shapes(CONFIG), seed=2)
 DRAFT_WEIGHTS = random_weights(target_shapes(DRAFT_CONFIG), seed=3)
 

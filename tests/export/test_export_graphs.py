@@ -16,7 +16,7 @@ PROMPT = [7, 3, 41, 12, 25]
 CONTINUATION = [9, 33, 48, 2, 17, 30, 5]  # stepped one by one, then as one block
 # (rtol, atol) per dtype against the reference on the weights the package holds; float16
 # is loose: activations, IO and caches are rounded to float16 between the float32 parts.
-TOLERANCE = {"float32": (1e-5, 2e-5), "float16": (1e-2, 3e-2)}
+TOLERANCE = {"float32": (1e-5, 2e-5), "float16": (2e-2, 6e-2)}
 NP = {"float32": np.float32, "float16": np.float16}
 C = CONFIG
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from speculant.export.config import (
     drafter_shapes,
     target_shapes,
 )
+from speculant.export.fused import fusable, fused_target_graph, uses_ort_operators
 from speculant.export.graphs import (
     CONFIG_KEY,
     INLINE_LIMIT,
@@ -76,8 +77,8 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     rollback = _rollback(rollback_positions, max_proposal_width)
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_graph(target_graph(config, target, dtype), root / "target" / "model.onnx",
-                external_data)
+    write_graph(target_builder(config, dtype)(config, target, dtype),
+                root / "target" / "model.onnx", external_data)
     write_graph(drafter_graph(config, drafter, target[EMBEDDING], dtype),
                 root / "assistant" / "model.onnx", external_data)
     document = pair_metadata(config, dtype, facts, scale=scale,
@@ -99,13 +100,19 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
     arrays = checked_weights(weights, target_shapes(config), dtype, "decoder weights")
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_graph(target_graph(config, arrays, dtype, name="decoder"),
+    write_graph(target_builder(config, dtype)(config, arrays, dtype, name="decoder"),
                 root / "decoder" / "model.onnx", external_data)
     document = decoder_metadata(config, dtype, facts,
                                 rollback_positions=_rollback(rollback_positions, 1))
     write_metadata(document, root, _header("Llama greedy decoder", config, dtype))
     _copy_tokenizer(tokenizer_json_path, root)
     return root
+
+
+def target_builder(config: LlamaConfig, dtype: str) -> Callable[..., onnx.ModelProto]:
+    """The target graph for ``config`` in ``dtype``: fused kernels where ONNX Runtime's
+    have them (export/fused.py: float16, head_dim a multiple of 16), else node by node."""
+    return fused_target_graph if fusable(config, dtype) else target_graph
 
 
 def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> Path:
@@ -126,7 +133,8 @@ def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None =
     onnx.save_model(model, str(path), save_as_external_data=True,
                     all_tensors_to_one_file=True, location=data.name, size_threshold=1024,
                     convert_attribute=False)
-    onnx.checker.check_model(str(path), full_check=True)
+    if not uses_ort_operators(model):  # the ONNX checker knows no ONNX Runtime contrib op
+        onnx.checker.check_model(str(path), full_check=True)
     return path
 
 
