@@ -92,7 +92,8 @@ def capture_prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[Admitted
 class WidthTiming:
     width: int  # tokens in the block: k + 1
     pass_s: list[float]  # engine.target.run, per repeat
-    invoke_s: list[float]  # of which ComponentSession.invoke (ORT run and binding)
+    invoke_s: list[float]  # of which ComponentSession.invoke (binding and ORT's run; on
+    # CUDA the host's side of it: the run returns once its kernels are queued)
 
 
 def verify_width_curve(engine: Engine, context_ids: Sequence[int],
@@ -111,6 +112,7 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
                 clock.reset()
                 started = time.perf_counter()
                 engine.target.run(blocks[w], start, cells, admitted)
+                engine.seam.synchronize(engine.device)  # CUDA runs return once queued
                 elapsed = time.perf_counter() - started
                 if repeat >= warmup:
                     timings[w].pass_s.append(elapsed)

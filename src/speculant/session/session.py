@@ -85,6 +85,17 @@ class ComponentSession:
                 f"{self.session.get_providers()}", value=device,
                 remedy="check the CUDA and cuDNN libraries (onnxruntime.preload_dlls()), or "
                 "load with device='cpu'")
+        # On CUDA with the shared stream (residency.md §8) nothing after the run needs the
+        # host to wait for it: every consumer is queued on the same stream, and the one
+        # device -> host path (the seam's download) synchronizes that stream itself. So the
+        # run returns once its kernels are queued, and the host binds and launches the next
+        # work while the device computes. Not with outputs bound to the host (their copy must
+        # be complete on return) nor in fence mode (the seam's ordering relies on ORT's wait).
+        self.run_options = ort.RunOptions()
+        if self.output_residency != HOST and \
+                seam.device_backends["cuda"].ordering == "shared_stream":
+            self.run_options.add_run_config_entry("disable_synchronize_execution_providers",
+                                                  "1")
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.output_dtypes = {o.name: ORT_TYPES.get(o.type, o.type)
                               for o in self.session.get_outputs()}
@@ -110,9 +121,11 @@ class ComponentSession:
             self._bind_input(binding, port, value)
         for port in wanted:
             self._bind_output(binding, port)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self.run_options)
         self.num_invocations += 1
-        produced = dict(zip(wanted, binding.get_outputs(), strict=True))
+        # the C-level OrtValues (the Python wrapper would re-wrap each one)
+        produced = dict(zip(wanted, getattr(binding, "_iobinding", binding).get_outputs(),
+                            strict=True))
         result = {port: self._adopt_output(port, ort_value) for port, ort_value in
                   produced.items()}
         for port, value in result.items():

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import weakref
 from collections.abc import Iterator, Sequence
@@ -74,8 +75,9 @@ def storage_dtype(dtype: str) -> np.dtype:
     return np.dtype(np.uint16) if dtype == "bfloat16" else NUMPY_DTYPES[dtype]
 
 
+@functools.lru_cache(maxsize=64)
 def cuda_ordinal(residency: str) -> int:
-    """``N`` of ``cuda:N``."""
+    """``N`` of ``cuda:N`` (parsed once per string: the hot path asks for it per operation)."""
     kind, _, ordinal = residency.partition(":")
     if kind != "cuda" or not ordinal.isdigit():
         raise ContractError(f"residency {residency!r} is not a CUDA residency",
@@ -357,6 +359,10 @@ class CudaBackend:
         return Value(out, p.residency, "int32", owned=True, kind="token_ids")
 
     # -- crossings (the seam counts them) ----------------------------------------------------
+    def synchronize(self, residency: str) -> None:
+        """Block until everything issued on the stream of ``residency`` has run."""
+        self.stream_for(residency).synchronize()
+
     def download(self, v: Value) -> np.ndarray:
         """The only device -> host path: a blocking copy on the value's stream."""
         ordinal = cuda_ordinal(v.residency)

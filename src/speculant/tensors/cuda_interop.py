@@ -17,6 +17,7 @@ Nothing here copies device bytes to the host; CuPy is imported only when needed.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -75,11 +76,26 @@ def _keep_alive(binding: Any, name: str, value: Value) -> None:
     kept[name] = value
 
 
+@functools.lru_cache(maxsize=16)
+def ort_device(kind: str, ordinal: int) -> Any:
+    """ONNX Runtime's device object for ``kind`` (``"cuda"``, ``"cpu"``) ``ordinal``, made
+    once: ``IOBinding``'s Python methods make a new one per call."""
+    import onnxruntime as ort
+
+    return ort.OrtDevice.make(kind, ordinal)._get_c_device()
+
+
+def _raw(binding: Any) -> Any:
+    """The C-level binding under ONNX Runtime's Python ``IOBinding`` (the same methods,
+    without the per-call wrapper work), or ``binding`` itself when it is already that."""
+    return getattr(binding, "_iobinding", binding)
+
+
 def bind_device_input(binding: Any, name: str, value: Value) -> None:
     """Bind the ``cuda:N`` ``value`` as input ``name``: pointer, ONNX element type, shape."""
     ordinal = _require_device_value("bind_device_input", value)
-    binding.bind_input(name, "cuda", ordinal, ONNX_ELEMENT_TYPES[value.dtype],
-                       list(value.shape), int(value.data.data.ptr))
+    _raw(binding).bind_input(name, ort_device("cuda", ordinal), ONNX_ELEMENT_TYPES[value.dtype],
+                             list(value.shape), int(value.data.data.ptr))
     _keep_alive(binding, name, value)
 
 
@@ -92,7 +108,7 @@ def bind_device_output(binding: Any, name: str, residency: str,
     """
     ordinal = cuda_ordinal(residency)
     if value is None:
-        binding.bind_output(name, "cuda", ordinal)
+        _raw(binding).bind_output(name, ort_device("cuda", ordinal))
         return
     if value.residency != residency or not value.owned:
         raise ContractError(f"bind_device_output: output '{name}' can only be written into an "

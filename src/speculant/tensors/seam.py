@@ -396,6 +396,12 @@ class TensorSeam:
                         f"the consumer on {v.residency}"))
         return target.peer_copy(v, residency)
 
+    def synchronize(self, residency: str) -> None:
+        """Wait until the work queued on ``residency`` has finished (no bytes move; a no-op
+        on the host). Decoding never needs it (the read-back waits); timing does."""
+        if residency != HOST:
+            self._backend_for_residency("synchronize", residency, []).synchronize(residency)
+
     # -- token ids ------------------------------------------------------------------------
     def read_token_ids(self, ids: Value) -> list[int]:
         """Token ids as Python ints: the one read-back the decode path makes on purpose."""
