@@ -10,7 +10,7 @@ target passes of growing block size over one fixed cache, straight through `engi
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import cycle, islice
 
@@ -94,6 +94,7 @@ class WidthTiming:
     pass_s: list[float]  # engine.target.run, per repeat
     invoke_s: list[float]  # of which ComponentSession.invoke (binding and ORT's run; on
     # CUDA the host's side of it: the run returns once its kernels are queued)
+    bare_s: list[float]  # ORT's run alone on the same inputs, bound once, waited for
 
 
 def verify_width_curve(engine: Engine, context_ids: Sequence[int],
@@ -105,7 +106,8 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
     admitted, prefilled = capture_prefill(engine, context_ids)
     start, cells = prefilled.end, prefilled.presents
     blocks = {w: list(islice(cycle(context_ids), w)) for w in widths}
-    timings = {w: WidthTiming(w, [], []) for w in widths}
+    timings = {w: WidthTiming(w, [], [], []) for w in widths}
+    bare = {w: bare_run(engine, blocks[w], start, cells, admitted) for w in widths}
     with InvokeClock(engine) as clock:
         for repeat in range(warmup + repeats):
             for w in widths:
@@ -114,9 +116,40 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
                 engine.target.run(blocks[w], start, cells, admitted)
                 engine.seam.synchronize(engine.device)  # CUDA runs return once queued
                 elapsed = time.perf_counter() - started
+                bare_s = bare[w]()
                 if repeat >= warmup:
                     timings[w].pass_s.append(elapsed)
                     timings[w].invoke_s.append(clock.target_s())
+                    timings[w].bare_s.append(bare_s)
             if on_step is not None:
                 on_step()
     return [timings[w] for w in widths]
+
+
+def bare_run(engine: Engine, block: Sequence[int], start: int, cells, admitted: Admitted
+             ) -> Callable[[], float]:
+    """A timer of ONNX Runtime's run alone for the target pass over ``block``: the pass's
+    inputs (as `TargetPass` makes them) bound once, then each call runs the session on them
+    and waits for the device, with none of the runtime's Python. Pass time minus this is what
+    the runtime adds to a pass."""
+    session = engine.sessions[engine.package.plan.target]
+    captured: dict = {}
+    invoke = session.invoke
+
+    def capturing_invoke(inputs, outputs=None):
+        captured.update(inputs=dict(inputs), outputs=list(outputs or []))
+        return invoke(inputs, outputs)
+
+    session.invoke = capturing_invoke
+    try:
+        engine.target.run(block, start, cells, admitted)
+    finally:
+        del session.invoke
+    binding = session.bind(captured["inputs"], captured["outputs"])
+
+    def timed() -> float:
+        started = time.perf_counter()
+        session.session.run_with_iobinding(binding)  # ORT's default: waits for the device
+        engine.seam.synchronize(engine.device)
+        return time.perf_counter() - started
+    return timed

@@ -116,11 +116,7 @@ class ComponentSession:
                                     path=port)
             symbols.check(port, contract, value)
         wanted = outputs or [p for p in self.ports.outputs if p in self.output_names]
-        binding = self.session.io_binding()
-        for port, value in inputs.items():
-            self._bind_input(binding, port, value)
-        for port in wanted:
-            self._bind_output(binding, port)
+        binding = self.bind(inputs, wanted)
         self.session.run_with_iobinding(binding, self.run_options)
         self.num_invocations += 1
         # the C-level OrtValues (the Python wrapper would re-wrap each one)
@@ -133,6 +129,16 @@ class ComponentSession:
         return result
 
     # -- binding --------------------------------------------------------------------------
+    def bind(self, inputs: Mapping[str, Value], outputs: list[str]) -> ort.IOBinding:
+        """An IO binding of ``inputs`` where they live and ``outputs`` to the output
+        residency (unchecked: :meth:`invoke` checks the contracts first)."""
+        binding = self.session.io_binding()
+        for port, value in inputs.items():
+            self._bind_input(binding, port, value)
+        for port in outputs:
+            self._bind_output(binding, port)
+        return binding
+
     def _bind_input(self, binding: ort.IOBinding, port: str, value: Value) -> None:
         if value.residency == HOST:
             binding.bind_cpu_input(port, value.data)  # ORT uploads it: an upload, not a read
