@@ -120,26 +120,6 @@ def test_sessions_share_speculants_stream(engines):
     assert engine.seam.counters.fences == 0
 
 
-NO_WAIT = "disable_synchronize_execution_providers"
-
-
-def test_runs_return_without_waiting_only_on_the_shared_stream(package, engines):
-    """Shared stream, outputs on the device: ORT's run returns once queued (the read-back
-    waits); host-bound outputs and fence mode keep ORT's wait. The tokens of all three agree
-    with the CPU's (the differential tests above cover every width)."""
-    for session in engines["cuda"].sessions.values():
-        assert session.run_options.get_run_config_entry(NO_WAIT) == "1"
-    fenced = speculant.load(package, "cuda", use_tf32=False, ordering="fence")
-    for engine in (engines["staged"], fenced):
-        for session in engine.sessions.values():
-            with pytest.raises(RuntimeError):  # no such entry: ORT waits as by default
-                session.run_options.get_run_config_entry(NO_WAIT)
-    cpu = engines["cpu"].generate(PROMPTS[1], MAX_NEW, speculative=True, k=4)
-    for engine in (engines["cuda"], engines["staged"], fenced):
-        assert engine.generate(PROMPTS[1], MAX_NEW, speculative=True, k=4).token_ids == \
-            cpu.token_ids
-
-
 def test_fence_mode_gives_the_same_tokens_and_fences(package, engines):
     fenced = speculant.load(package, "cuda", use_tf32=False, ordering="fence")
     cpu = engines["cpu"].generate(PROMPTS[1], MAX_NEW, speculative=True, k=4)

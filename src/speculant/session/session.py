@@ -85,17 +85,12 @@ class ComponentSession:
                 f"{self.session.get_providers()}", value=device,
                 remedy="check the CUDA and cuDNN libraries (onnxruntime.preload_dlls()), or "
                 "load with device='cpu'")
-        # On CUDA with the shared stream (residency.md §8) nothing after the run needs the
-        # host to wait for it: every consumer is queued on the same stream, and the one
-        # device -> host path (the seam's download) synchronizes that stream itself. So the
-        # run returns once its kernels are queued, and the host binds and launches the next
-        # work while the device computes. Not with outputs bound to the host (their copy must
-        # be complete on return) nor in fence mode (the seam's ordering relies on ORT's wait).
+        # ORT's run waits for the device before it returns. Skipping that wait on the shared
+        # stream (run config "disable_synchronize_execution_providers") would let the host
+        # prepare the next step while the device computes, but onnxruntime-gpu 1.31.1 then
+        # aborts the process when it frees the pinned staging memory of host-bound inputs
+        # ("cudaFreeHost: operation not permitted"), so every run keeps ORT's default.
         self.run_options = ort.RunOptions()
-        if self.output_residency != HOST and \
-                seam.device_backends["cuda"].ordering == "shared_stream":
-            self.run_options.add_run_config_entry("disable_synchronize_execution_providers",
-                                                  "1")
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.output_dtypes = {o.name: ORT_TYPES.get(o.type, o.type)
                               for o in self.session.get_outputs()}
