@@ -92,8 +92,7 @@ def capture_prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[Admitted
 class WidthTiming:
     width: int  # tokens in the block: k + 1
     pass_s: list[float]  # engine.target.run, per repeat
-    invoke_s: list[float]  # of which ComponentSession.invoke (binding and ORT's run; on
-    # CUDA the host's side of it: the run returns once its kernels are queued)
+    invoke_s: list[float]  # of which ComponentSession.invoke (binding and ORT's run)
     bare_s: list[float]  # ORT's run alone on the same inputs, bound once, waited for
 
 
@@ -114,7 +113,7 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
                 clock.reset()
                 started = time.perf_counter()
                 engine.target.run(blocks[w], start, cells, admitted)
-                engine.seam.synchronize(engine.device)  # CUDA runs return once queued
+                engine.seam.synchronize(engine.device)  # whatever the pass left queued
                 elapsed = time.perf_counter() - started
                 bare_s = bare[w]()
                 if repeat >= warmup:
