@@ -6,6 +6,7 @@
 #   bash scripts/gpu_session.sh tests  "$OUT"   # CUDA tests + evidence gate + profiles (~5 min)
 #   bash scripts/gpu_session.sh bench  "$OUT"   # ~1B float16 pair with both anchors (~8 min)
 #   bash scripts/gpu_session.sh demo   "$OUT"   # demo pair in float16 with both anchors (~4 min)
+#   bash scripts/gpu_session.sh kernels "$OUT"  # ORT's profiler on the ~1B targets (~3 min)
 #
 # Phase `tests` also derives the ~1B cost-scaled pair and its float16 variant in the
 # background (/tmp/scaled), which `bench` uses. Each phase writes at most 8 files to OUT.
@@ -81,6 +82,16 @@ demo)
     --warmup 1 --repeats 5 --k 2 --k 4 --out /tmp/b/cuda-demo-fp16-anchors > /tmp/b-demo16.log 2>&1
   tail -45 /tmp/b-demo16.log; cp /tmp/b-demo16.log /tmp/b/cuda-demo-fp16-anchors/ 2>/dev/null
   tar -cf "$out/cuda-demo-fp16-anchors.tar" -C /tmp/b cuda-demo-fp16-anchors
+  stage done
+  ;;
+kernels)
+  scaled > /dev/null 2>&1 || { echo "the ~1B pair is missing and could not be made"; exit 1; }
+  stage "ORT profiler: the ~1B target, float16 fused and float32 node by node"
+  for spec in "demo-1b-fp16 1 fused-w1" "demo-1b-fp16 5 fused-w5" "demo-1b 1 fp32-explicit-w1"; do
+    set -- $spec
+    timeout 150 $py scripts/ort_profile.py /tmp/scaled/$1 --device cuda --width $2 --runs 20 \
+      --out "$out/ort-profile-1b-$3.json" 2>&1 | grep -v "^\s*$" | head -14
+  done
   stage done
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
