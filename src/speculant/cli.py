@@ -246,18 +246,23 @@ def bench(
     print(markdown(report), end="")
 
 
+GRAPH_HELP = ("The target's graph: auto (fused kernels for float16), fused (also float32: "
+              "CPU only), explicit (node by node).")
+
+
 @app.command()
 def convert(
     package: Annotated[Path, typer.Argument(help="Package written by speculant.export.")],
     out: Annotated[Path, typer.Argument(help="Folder for the rebuilt package.")],
     dtype: Annotated[str, typer.Option(help="float16 or float32: weights, IO and the "
                                             "chain's currency.")] = "float16",
+    graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
 ) -> None:
     """Rebuild an exported package's graphs in another dtype."""
     from speculant.export import convert as convert_package
 
     try:
-        convert_package(package, out, dtype=dtype)
+        convert_package(package, out, dtype=dtype, graph=graph)
     except SpeculantError as error:
         fail(error)
         return
@@ -298,6 +303,7 @@ def scale_target(
     check_tokens: Annotated[int, typer.Option(help="Greedy and chained tokens to compare "
                                                    "with the trained pair on the CPU (0: "
                                                    "skip the check).")] = 16,
+    graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
 ) -> None:
     """Derive a cost-scaled pair with the trained pair's function: wider MLPs, more layers."""
     from speculant.export.cost_scale import describe
@@ -306,7 +312,7 @@ def scale_target(
     try:
         result = scale(package, out, params, num_layers=layers,
                        intermediate_size=intermediate, seed=seed, external_data=external_data,
-                       check_tokens=check_tokens)
+                       check_tokens=check_tokens, graph=graph)
     except SpeculantError as error:
         fail(error)
         return

@@ -185,7 +185,7 @@ class ScaleResult:
 def scale_target(package_root: str | Path, out_root: str | Path, params: str | int = "100M",
                  *, num_layers: int | None = None, intermediate_size: int | None = None,
                  seed: int = 0, external_data: bool | None = None,
-                 check_tokens: int = 16) -> ScaleResult:
+                 check_tokens: int = 16, graph: str = "auto") -> ScaleResult:
     """Write the cost-scaled pair of the chained pair at ``package_root`` into ``out_root``
     (same dtype, tokenizer, scale, widths and EOS; the trained drafter). With
     ``check_tokens > 0``, :func:`check_identical` compares it with the trained pair on the CPU
@@ -206,7 +206,7 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
                        scale=settings.scale,
                        max_proposal_width=settings.max_proposal_width or 8,
                        eos_id=settings.eos_id, rollback_positions=settings.rollback_positions,
-                       external_data=external_data)
+                       external_data=external_data, graph=graph)
     del weights
     for name in PAIR_EXTRAS:
         if (source / name).is_file():

@@ -1,4 +1,4 @@
-"""The Llama target with ONNX Runtime's fused kernels, for float16 packages.
+"""The Llama target with ONNX Runtime's fused kernels (float16 by default; float32 on request).
 
 On a GPU a decode pass of the node-by-node graph (:func:`speculant.export.graphs.target_graph`,
 about 70 kernels per layer) is bound by ONNX Runtime launching kernels, not by reading the
@@ -22,8 +22,10 @@ in a one-sequence pass) and ``position_ids`` = ``P + i`` (speculant binds exactl
 input stays in the graph's signature, GroupQueryAttention derives the positions itself).
 Weights keep their Hugging Face names and layout, so :func:`~speculant.export.read_weights`
 reads a fused package like any other. ONNX Runtime's GroupQueryAttention has CUDA kernels
-for float16 and bfloat16 only, hence the float32 packages keep the explicit graph; bfloat16
-keeps it too, for want of CPU kernels.
+for float16 and bfloat16 only and CPU kernels for float32 and float16, so ``graph="auto"``
+fuses float16 only (it runs everywhere); ``graph="fused"`` also fuses float32, for a package
+meant for the CPU (on CUDA its session is refused, with that remedy); bfloat16 stays node by
+node, for want of CPU kernels.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from speculant.export.config import EMBEDDING, LlamaConfig
+from speculant.export.config import EMBEDDING, ExportError, LlamaConfig
 from speculant.export.graphs import (
     CONFIG_KEY,
     PRODUCER,
@@ -45,15 +47,32 @@ from speculant.export.graphs import (
 )
 
 MS_DOMAIN = "com.microsoft"
-FUSED_DTYPES = ("float16",)  # bfloat16: ONNX Runtime's CPU kernels lack it; kept explicit
+FUSED_DTYPES = ("float16", "float32")  # bfloat16: ONNX Runtime's CPU kernels lack it
+GRAPHS = ("auto", "fused", "explicit")
 # Operators only ONNX Runtime defines (the ONNX checker rejects them as unknown)
 ORT_OPERATORS = frozenset({"SimplifiedLayerNormalization"})
 
 
 def fusable(config: LlamaConfig, dtype: str) -> bool:
-    """Whether ONNX Runtime's fused kernels take this target: float16, and a head size that
-    GroupQueryAttention with rotary accepts (a multiple of 16)."""
+    """Whether ONNX Runtime's fused kernels take this target: float16 or float32, and a head
+    size that GroupQueryAttention with rotary accepts (a multiple of 16)."""
     return dtype in FUSED_DTYPES and config.head_dim % 16 == 0
+
+
+def use_fused(config: LlamaConfig, dtype: str, graph: str = "auto") -> bool:
+    """``graph`` ``auto``: fused for float16 where the kernels take it (it runs on the CPU
+    and on CUDA), node by node otherwise (float32 GroupQueryAttention has no CUDA kernel, and
+    a package does not know its device); ``fused``: fused or an ExportError; ``explicit``:
+    node by node."""
+    if graph not in GRAPHS:
+        raise ExportError(f"graph must be one of {GRAPHS}", path="graph", value=graph)
+    if graph == "fused" and not fusable(config, dtype):
+        raise ExportError(
+            f"no fused target for {dtype} with head_dim {config.head_dim}", path="graph",
+            value=graph, expected=f"a dtype in {FUSED_DTYPES} and a head_dim multiple of 16",
+            remedy="use graph='explicit' (or 'auto')")
+    return graph == "fused" or (graph == "auto" and dtype == "float16"
+                                and fusable(config, dtype))
 
 
 def uses_ort_operators(model: onnx.ModelProto) -> bool:
@@ -94,7 +113,8 @@ class _FusedGraph(_Graph):
 def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
                        name: str = "target") -> onnx.ModelProto:
     """The target of :func:`~speculant.export.graphs.target_graph` (same inputs, outputs,
-    weights and cells) with fused kernels; ``dtype`` float16."""
+    weights and cells) with fused kernels; ``dtype`` float16 or float32 (float32 runs on the
+    CPU only: ONNX Runtime has no float32 GroupQueryAttention for CUDA)."""
     if not fusable(config, dtype):
         raise ValueError(f"no fused target for {dtype} with head_dim {config.head_dim}: "
                          f"needs one of {FUSED_DTYPES} and a head_dim multiple of 16")

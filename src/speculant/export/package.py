@@ -38,7 +38,7 @@ from speculant.export.config import (
     drafter_shapes,
     target_shapes,
 )
-from speculant.export.fused import fusable, fused_target_graph, uses_ort_operators
+from speculant.export.fused import fused_target_graph, use_fused, uses_ort_operators
 from speculant.export.graphs import (
     CONFIG_KEY,
     INLINE_LIMIT,
@@ -59,13 +59,14 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
                        dtype: str = "float32", scale: float | None = None,
                        max_proposal_width: int = 8, eos_id: int | None = None,
                        rollback_positions: int | None = None,
-                       external_data: bool | None = None) -> Path:
+                       external_data: bool | None = None, graph: str = "auto") -> Path:
     """The chained pair: ``target/model.onnx``, ``assistant/model.onnx``,
     ``inference_metadata.yaml`` (metadata.md §8.2 shape), ``tokenizer.json``.
 
     ``target_config``: a :class:`LlamaConfig`, a ``transformers`` config or a config.json
     mapping. ``scale`` defaults to ``sqrt(hidden_size)``; ``rollback_positions`` to
-    ``max(8, max_proposal_width)``; ``eos_id`` to the tokenizer's one special EOS token.
+    ``max(8, max_proposal_width)``; ``eos_id`` to the tokenizer's one special EOS token;
+    ``graph`` picks the target's graph (export/fused.py: ``auto``, ``fused``, ``explicit``).
     """
     config = LlamaConfig.from_hf(target_config)
     dtype = check_dtype(dtype)
@@ -77,7 +78,7 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     rollback = _rollback(rollback_positions, max_proposal_width)
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_graph(target_builder(config, dtype)(config, target, dtype),
+    write_graph(target_builder(config, dtype, graph)(config, target, dtype),
                 root / "target" / "model.onnx", external_data)
     write_graph(drafter_graph(config, drafter, target[EMBEDDING], dtype),
                 root / "assistant" / "model.onnx", external_data)
@@ -92,7 +93,7 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
                           tokenizer_json_path: str | Path, *, dtype: str = "float32",
                           eos_id: int | None = None,
                           rollback_positions: int = DEFAULT_ROLLBACK,
-                          external_data: bool | None = None) -> Path:
+                          external_data: bool | None = None, graph: str = "auto") -> Path:
     """A plain greedy decoder package (metadata.md §8.1; component ``decoder``) for a
     ``LlamaForCausalLM``: the separate draft model."""
     config = LlamaConfig.from_hf(config)
@@ -100,7 +101,7 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
     arrays = checked_weights(weights, target_shapes(config), dtype, "decoder weights")
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_graph(target_builder(config, dtype)(config, arrays, dtype, name="decoder"),
+    write_graph(target_builder(config, dtype, graph)(config, arrays, dtype, name="decoder"),
                 root / "decoder" / "model.onnx", external_data)
     document = decoder_metadata(config, dtype, facts,
                                 rollback_positions=_rollback(rollback_positions, 1))
@@ -109,10 +110,11 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
     return root
 
 
-def target_builder(config: LlamaConfig, dtype: str) -> Callable[..., onnx.ModelProto]:
-    """The target graph for ``config`` in ``dtype``: fused kernels where ONNX Runtime's
-    have them (export/fused.py: float16, head_dim a multiple of 16), else node by node."""
-    return fused_target_graph if fusable(config, dtype) else target_graph
+def target_builder(config: LlamaConfig, dtype: str, graph: str = "auto"
+                   ) -> Callable[..., onnx.ModelProto]:
+    """The target graph for ``config`` in ``dtype``: fused kernels (export/fused.py) or node
+    by node, as :func:`~speculant.export.fused.use_fused` decides for ``graph``."""
+    return fused_target_graph if use_fused(config, dtype, graph) else target_graph
 
 
 def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> Path:
@@ -286,7 +288,7 @@ def read_weights(package_root: str | Path) -> tuple[LlamaConfig, dict[str, np.nd
 
 
 def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16", *,
-            external_data: bool | None = None) -> Path:
+            external_data: bool | None = None, graph: str = "auto") -> Path:
     """Rebuild a package written by this module in ``dtype`` (the chain's currency: table,
     carry and fused port follow it). Scale, widths, EOS and tokenizer are kept."""
     dtype = check_dtype(dtype)
@@ -300,10 +302,10 @@ def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float1
         return write_decoder_package(out, target, config, settings.tokenizer, dtype=dtype,
                                      eos_id=settings.eos_id,
                                      rollback_positions=settings.rollback_positions,
-                                     external_data=external_data)
+                                     external_data=external_data, graph=graph)
     return write_pair_package(out, target, config, drafter, settings.tokenizer, dtype=dtype,
                               scale=settings.scale,
                               max_proposal_width=settings.max_proposal_width or 8,
                               eos_id=settings.eos_id,
                               rollback_positions=settings.rollback_positions,
-                              external_data=external_data)
+                              external_data=external_data, graph=graph)

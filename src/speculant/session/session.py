@@ -54,6 +54,15 @@ def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
     return [("CUDAExecutionProvider", options)]
 
 
+def _remedy_for(message: str, device: str) -> str:
+    """What to do when ORT refuses a graph, where the cause is known."""
+    if "GroupQueryAttention" in message and device != HOST:
+        return ("ONNX Runtime's CUDA GroupQueryAttention takes float16 and bfloat16 only: a "
+                "float32 package exported with graph 'fused' runs on the CPU; for CUDA rebuild "
+                "it with `speculant convert PACKAGE OUT --dtype float16` (or --graph explicit)")
+    return ""
+
+
 class ComponentSession:
     """A component's ORT session, its port contracts and its execution device."""
 
@@ -77,7 +86,8 @@ class ComponentSession:
         except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
             raise AdmissionError(
                 f"ONNX Runtime refused to create the session of component '{name}': {exc}",
-                file=artifact, path=f"pipeline.workflow.components.{name}") from exc
+                file=artifact, path=f"pipeline.workflow.components.{name}",
+                remedy=_remedy_for(str(exc), device)) from exc
         wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
         if self.session.get_providers()[0] != wanted:
             raise ResidencyError(
