@@ -20,6 +20,7 @@ from speculant.errors import AdmissionError, ContractError, ResidencyError
 from speculant.package.model import Ports
 from speculant.session.contracts import SymbolTable
 from speculant.tensors import HOST, TensorSeam, Value
+from speculant.tensors.cuda_interop import ort_device
 
 ORT_TYPES = {
     "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
@@ -95,12 +96,6 @@ class ComponentSession:
                 f"{self.session.get_providers()}", value=device,
                 remedy="check the CUDA and cuDNN libraries (onnxruntime.preload_dlls()), or "
                 "load with device='cpu'")
-        # ORT's run waits for the device before it returns. Skipping that wait on the shared
-        # stream (run config "disable_synchronize_execution_providers") would let the host
-        # prepare the next step while the device computes, but onnxruntime-gpu 1.31.1 then
-        # aborts the process when it frees the pinned staging memory of host-bound inputs
-        # ("cudaFreeHost: operation not permitted"), so every run keeps ORT's default.
-        self.run_options = ort.RunOptions()
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.output_dtypes = {o.name: ORT_TYPES.get(o.type, o.type)
                               for o in self.session.get_outputs()}
@@ -122,7 +117,12 @@ class ComponentSession:
             symbols.check(port, contract, value)
         wanted = outputs or [p for p in self.ports.outputs if p in self.output_names]
         binding = self.bind(inputs, wanted)
-        self.session.run_with_iobinding(binding, self.run_options)
+        # ORT's run waits for the device before it returns. Skipping that wait (run config
+        # "disable_synchronize_execution_providers") would let the host prepare the next step
+        # while the device computes, but onnxruntime-gpu 1.31.1 then aborts the process when
+        # it frees the pinned staging memory of host-bound inputs ("cudaFreeHost: operation
+        # not permitted", seen on the H200); so every run keeps ORT's default.
+        self.session.run_with_iobinding(binding)
         self.num_invocations += 1
         # the C-level OrtValues (the Python wrapper would re-wrap each one)
         produced = dict(zip(wanted, getattr(binding, "_iobinding", binding).get_outputs(),
@@ -145,8 +145,8 @@ class ComponentSession:
         return binding
 
     def _bind_input(self, binding: ort.IOBinding, port: str, value: Value) -> None:
-        if value.residency == HOST:
-            binding.bind_cpu_input(port, value.data)  # ORT uploads it: an upload, not a read
+        if value.residency == HOST:  # ORT uploads it: an upload, not a read
+            getattr(binding, "_iobinding", binding).bind_input(port, value.data)
             return
         if value.residency != self.device:
             raise ResidencyError(
@@ -158,7 +158,7 @@ class ComponentSession:
 
     def _bind_output(self, binding: ort.IOBinding, port: str) -> None:
         if self.output_residency == HOST:
-            binding.bind_output(port, "cpu")
+            getattr(binding, "_iobinding", binding).bind_output(port, ort_device("cpu", 0))
         else:
             self.seam.device_backends["cuda"].bind_output(binding, port, self.device)
 
