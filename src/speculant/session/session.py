@@ -20,7 +20,7 @@ from speculant.errors import AdmissionError, ContractError, ResidencyError
 from speculant.package.model import Ports
 from speculant.session.contracts import SymbolTable
 from speculant.tensors import HOST, TensorSeam, Value
-from speculant.tensors.cuda_interop import ort_device
+from speculant.tensors.cuda_interop import keep_alive, ort_device
 
 ORT_TYPES = {
     "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
@@ -147,6 +147,7 @@ class ComponentSession:
     def _bind_input(self, binding: ort.IOBinding, port: str, value: Value) -> None:
         if value.residency == HOST:  # ORT uploads it: an upload, not a read
             getattr(binding, "_iobinding", binding).bind_input(port, value.data)
+            keep_alive(binding, port, value)  # ORT reads the array's memory at each run
             return
         if value.residency != self.device:
             raise ResidencyError(

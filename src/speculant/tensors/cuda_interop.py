@@ -67,7 +67,7 @@ def _require_device_value(what: str, value: Value) -> int:
     return ordinal
 
 
-def _keep_alive(binding: Any, name: str, value: Value) -> None:
+def keep_alive(binding: Any, name: str, value: Value) -> None:
     """Keep ``value`` alive as long as the binding refers to its memory."""
     try:
         kept = binding.__dict__.setdefault("_speculant_bound", {})
@@ -96,7 +96,7 @@ def bind_device_input(binding: Any, name: str, value: Value) -> None:
     ordinal = _require_device_value("bind_device_input", value)
     _raw(binding).bind_input(name, ort_device("cuda", ordinal), ONNX_ELEMENT_TYPES[value.dtype],
                              list(value.shape), int(value.data.data.ptr))
-    _keep_alive(binding, name, value)
+    keep_alive(binding, name, value)
 
 
 def bind_device_output(binding: Any, name: str, residency: str,
@@ -117,7 +117,7 @@ def bind_device_output(binding: Any, name: str, residency: str,
     _require_device_value("bind_device_output", value)
     binding.bind_output(name, "cuda", ordinal, ONNX_ELEMENT_TYPES[value.dtype],
                         list(value.shape), int(value.data.data.ptr))
-    _keep_alive(binding, name, value)
+    keep_alive(binding, name, value)
 
 
 def ort_value_dtype(ort_value: Any) -> str:
