@@ -41,25 +41,52 @@ def compile_contract(contract: TensorContract) -> CompiledContract:
     return compiled
 
 
+# (contract id, dtype, shape) -> the (axis, symbol) pairs it binds: a value of that dtype and
+# shape passed every fixed check of that contract once, so only its symbols need binding again
+_VERIFIED: dict[tuple[int, str, tuple[int, ...]], tuple[tuple[int, str], ...]] = {}
+VERIFIED_LIMIT = 1 << 14  # distinct (contract, dtype, shape) triples kept; then start over
+
+
 @dataclass
 class SymbolTable:
     scope: str  # e.g. "invocation of 'target'" or "pass at C0=7"
     dynamic: frozenset[str] = frozenset()
-    bound: dict[str, tuple[int, str]] = field(default_factory=dict)  # symbol -> (extent, by)
+    # symbol -> (extent, what bound it: a port name and its axis, or a description and None)
+    bound: dict[str, tuple[int, str, int | None]] = field(default_factory=dict)
 
     def check(self, name: str, contract: TensorContract, value: Value) -> None:
         """Check ``value`` (bound as ``name``) against ``contract``; bind new symbols."""
-        spec = compile_contract(contract)
         shape = value.shape
-        if value.dtype != spec.dtype:
+        key = (id(contract), value.dtype, shape)
+        symbols = _VERIFIED.get(key)
+        if symbols is None:
+            symbols = self._verify(name, compile_contract(contract), value.dtype, shape)
+            if len(_VERIFIED) >= VERIFIED_LIMIT:
+                _VERIFIED.clear()
+            _VERIFIED[key] = symbols  # compile_contract keeps the contract (and its id) alive
+        bound = self.bound
+        for axis, symbol in symbols:
+            if symbol in self.dynamic:
+                continue
+            previous = bound.get(symbol)
+            if previous is None:
+                bound[symbol] = (shape[axis], name, axis)
+            elif previous[0] != shape[axis]:
+                self.bind(symbol, shape[axis], f"'{name}' axis {axis}")  # raises, with context
+
+    def _verify(self, name: str, spec: CompiledContract, dtype: str,
+                shape: tuple[int, ...]) -> tuple[tuple[int, str], ...]:
+        """Every check that depends on dtype and shape alone; the symbol axes to bind."""
+        if dtype != spec.dtype:
             raise ContractError(
-                f"{self.scope}: '{name}' has dtype {value.dtype}, its contract says "
-                f"{spec.dtype}", path=name, value=value.dtype, expected=spec.dtype)
+                f"{self.scope}: '{name}' has dtype {dtype}, its contract says "
+                f"{spec.dtype}", path=name, value=dtype, expected=spec.dtype)
         if len(shape) != spec.rank:
             raise ContractError(
                 f"{self.scope}: '{name}' has rank {len(shape)} (shape {list(shape)}), its "
                 f"contract says {spec.rank}", path=name, value=shape,
                 expected=f"rank {spec.rank}")
+        symbols = []
         for axis, dim in enumerate(spec.dims):
             extent = shape[axis]
             if axis == spec.aligned and extent != 1:
@@ -67,27 +94,23 @@ class SymbolTable:
                     f"{self.scope}: '{name}' has {extent} rows on its request axis {axis}; "
                     "speculant decodes one sequence per run", path=name, value=extent,
                     expected="1")
-            if dim is None:
-                continue
             if isinstance(dim, int):
                 if dim != extent:
                     raise ContractError(
                         f"{self.scope}: '{name}' axis {axis} has extent {extent}, its contract "
                         f"fixes {dim}", path=name, value=extent, expected=str(dim))
-            elif dim not in self.dynamic:
-                previous = self.bound.get(dim)
-                if previous is None:
-                    self.bound[dim] = (extent, f"'{name}' axis {axis}")
-                elif previous[0] != extent:
-                    self.bind(dim, extent, f"'{name}' axis {axis}")  # raises with the context
+            elif dim is not None:
+                symbols.append((axis, dim))
+        return tuple(symbols)
 
     def bind(self, symbol: str, extent: int, by: str) -> None:
         previous = self.bound.get(symbol)
         if previous is None:
-            self.bound[symbol] = (extent, by)
+            self.bound[symbol] = (extent, by, None)
         elif previous[0] != extent:
+            first = previous[1] if previous[2] is None else f"'{previous[1]}' axis {previous[2]}"
             raise ContractError(
-                f"{self.scope}: symbol '{symbol}' is {previous[0]} from {previous[1]} but "
+                f"{self.scope}: symbol '{symbol}' is {previous[0]} from {first} but "
                 f"{extent} from {by}", path=symbol, value=extent, expected=str(previous[0]),
                 remedy="if the package uses one symbol for different sequence-like axes, "
                 "rename them with `speculant metadata name-axes PACKAGE`")

@@ -122,7 +122,7 @@ class ComponentSession:
         # while the device computes, but onnxruntime-gpu 1.31.1 then aborts the process when
         # it frees the pinned staging memory of host-bound inputs ("cudaFreeHost: operation
         # not permitted", seen on the H200); so every run keeps ORT's default.
-        self.session.run_with_iobinding(binding)
+        self._run_bound(binding)
         self.num_invocations += 1
         # the C-level OrtValues (the Python wrapper would re-wrap each one)
         produced = dict(zip(wanted, getattr(binding, "_iobinding", binding).get_outputs(),
@@ -132,6 +132,16 @@ class ComponentSession:
         for port, value in result.items():
             symbols.check(port, self.ports.outputs[port], value)
         return result
+
+    def _run_bound(self, binding: ort.IOBinding) -> None:
+        """ORT's run on ``binding``: the C-level call where this build has it (the Python
+        wrapper adds per-run checks for graph capture, which speculant does not use)."""
+        raw_session = getattr(self.session, "_sess", None)
+        raw_binding = getattr(binding, "_iobinding", None)
+        if raw_session is None or raw_binding is None:
+            self.session.run_with_iobinding(binding)
+        else:
+            raw_session.run_with_iobinding(raw_binding, None)
 
     # -- binding --------------------------------------------------------------------------
     def bind(self, inputs: Mapping[str, Value], outputs: list[str]) -> ort.IOBinding:
