@@ -41,7 +41,6 @@ from speculant.export.graphs import (
     CONFIG_KEY,
     PRODUCER,
     ROLE_KEY,
-    _cache_dims,
     _Graph,
     rope_tables,
 )
@@ -120,15 +119,8 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
                          f"needs one of {FUSED_DTYPES} and a head_dim multiple of 16")
     c = config
     g = _FusedGraph(name, c, dtype)
-    input_ids = g.add_input("input_ids", "int64", ("batch", "sequence"))  # [b, s]
-    mask = g.add_input("attention_mask", "int64", ("batch", "total_sequence"))  # [b, T]
-    g.add_input("position_ids", "int64", ("batch", "sequence"))  # [b, s]: P + i, implied
-    pasts = [(g.add_input(f"past_key_values.{i}.key", dtype, _cache_dims(c, "past_sequence")),
-              g.add_input(f"past_key_values.{i}.value", dtype,
-                          _cache_dims(c, "past_sequence")))
-             for i in range(c.num_hidden_layers)]  # [b, KV, P, d] each
-    for weight_name, array in weights.items():
-        g.weight(weight_name, array)
+    # position_ids stays in the signature: GroupQueryAttention places rotary at P + i itself
+    input_ids, mask, _, pasts = g.decoder_inputs(weights)
     cos, sin = rope_tables(c)  # [max_pos, d] float32, halves duplicated
     half = c.head_dim // 2
     storage = weights[EMBEDDING].dtype  # the package dtype's numpy storage
@@ -169,9 +161,5 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
         h, x = g.skip_norm(x, mlp, following)
     hidden = h  # [b, s, hidden]: the final norm's output
 
-    g.add_output("logits", g.lm_head(hidden), dtype, ("batch", "sequence", c.vocab_size))
-    g.add_output("hidden_states", hidden, dtype, ("batch", "sequence", c.hidden_size))
-    for i, (key, value) in enumerate(presents):
-        g.add_output(f"present.{i}.key", key, dtype, _cache_dims(c, "total_sequence"))
-        g.add_output(f"present.{i}.value", value, dtype, _cache_dims(c, "total_sequence"))
+    g.decoder_outputs(hidden, presents)
     return g.finish("target")

@@ -133,6 +133,36 @@ class _Graph(GraphBuilder):
         return self.op("MatMul", [h, self.op("Transpose", [EMBEDDING], "et", perm=[1, 0])],
                        "logits")
 
+    def decoder_inputs(self, weights: Mapping[str, np.ndarray]
+                       ) -> tuple[str, str, str, list[tuple[str, str]]]:
+        """The target's inputs: ``input_ids`` [b, s], ``attention_mask`` [b, T],
+        ``position_ids`` [b, s], each layer's past key and value [b, KV, P, d]; and its
+        weights as initializers."""
+        c, dtype = self.config, self.dtype
+        input_ids = self.add_input("input_ids", "int64", ("batch", "sequence"))
+        mask = self.add_input("attention_mask", "int64", ("batch", "total_sequence"))
+        position_ids = self.add_input("position_ids", "int64", ("batch", "sequence"))
+        pasts = [(self.add_input(f"past_key_values.{i}.key", dtype,
+                                 _cache_dims(c, "past_sequence")),
+                  self.add_input(f"past_key_values.{i}.value", dtype,
+                                 _cache_dims(c, "past_sequence")))
+                 for i in range(c.num_hidden_layers)]
+        for weight_name, array in weights.items():
+            self.weight(weight_name, array)
+        return input_ids, mask, position_ids, pasts
+
+    def decoder_outputs(self, hidden: str, presents: list[tuple[str, str]]) -> None:
+        """``logits`` (tied head), ``hidden_states`` (after the final norm), and each layer's
+        present key and value [b, KV, T, d]."""
+        c, dtype = self.config, self.dtype
+        self.add_output("logits", self.lm_head(hidden), dtype,
+                        ("batch", "sequence", c.vocab_size))
+        self.add_output("hidden_states", hidden, dtype, ("batch", "sequence", c.hidden_size))
+        for i, (key, value) in enumerate(presents):
+            self.add_output(f"present.{i}.key", key, dtype, _cache_dims(c, "total_sequence"))
+            self.add_output(f"present.{i}.value", value, dtype,
+                            _cache_dims(c, "total_sequence"))
+
     def finish(self, role: str) -> onnx.ModelProto:
         inline = sum(len(t.raw_data) for t in self.initializers) <= INLINE_LIMIT
         model = self.model(check=inline)  # a larger one: checked by path once written
@@ -155,15 +185,7 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
     """
     c = config
     g = _Graph(name, c, dtype)
-    input_ids = g.add_input("input_ids", "int64", ("batch", "sequence"))  # [b, s]
-    mask = g.add_input("attention_mask", "int64", ("batch", "total_sequence"))  # [b, T]
-    position_ids = g.add_input("position_ids", "int64", ("batch", "sequence"))  # [b, s]
-    pasts = [(g.add_input(f"past_key_values.{i}.key", dtype, _cache_dims(c, "past_sequence")),
-              g.add_input(f"past_key_values.{i}.value", dtype,
-                          _cache_dims(c, "past_sequence")))
-             for i in range(c.num_hidden_layers)]  # [b, KV, P, d] each
-    for weight_name, array in weights.items():
-        g.weight(weight_name, array)
+    input_ids, mask, position_ids, pasts = g.decoder_inputs(weights)
 
     # Causal mask and padding mask: allowed[b, 1, 1, q, j] = j <= P + q and mask[b, j].
     num_new = g.dim(input_ids, 1, "num_new")
@@ -194,11 +216,7 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
         x = g.op("Add", [x, g.mlp(h, prefix)], "resid")
     hidden = g.rms_norm(x, "model.norm.weight")  # [b, s, hidden]
 
-    g.add_output("logits", g.lm_head(hidden), dtype, ("batch", "sequence", c.vocab_size))
-    g.add_output("hidden_states", hidden, dtype, ("batch", "sequence", c.hidden_size))
-    for i, (key, value) in enumerate(presents):
-        g.add_output(f"present.{i}.key", key, dtype, _cache_dims(c, "total_sequence"))
-        g.add_output(f"present.{i}.value", value, dtype, _cache_dims(c, "total_sequence"))
+    g.decoder_outputs(hidden, presents)
     return g.finish("target")
 
 
