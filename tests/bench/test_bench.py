@@ -53,7 +53,10 @@ REPORT = {
         "verify_width": {
             "type": "object", "required": ["cache_length", "widths"],
             "properties": {"widths": {"type": "array", "minItems": 5, "items": {
-                "type": "object", "required": ["width", "pass_ms", "invoke_ms", "ratio"]}}}},
+                "type": "object",
+                "required": ["width", "pass_ms", "invoke_ms", "bare_run_ms", "ratio"]}}}},
+        "runtime_overhead": {"type": "object",
+                             "required": ["greedy_ms_per_token", "bare_run_ms", "share"]},
     },
 }
 
@@ -79,6 +82,20 @@ def test_report_matches_the_schema(report):
                                "threads": 1} == report["config"]
     assert [w["width"] for w in report["verify_width"]["widths"]] == [1, 2, 3, 5, 9]
     assert report["verify_width"]["widths"][0]["ratio"] == 1.0
+
+
+def test_the_bare_run_and_the_runtime_overhead(report):
+    """ORT's bare run of a pass is part of that pass (never longer than it, by more than the
+    two timings' noise), and the overhead line is greedy's time per token against it."""
+    for width in report["verify_width"]["widths"]:
+        bare, whole = width["bare_run_ms"]["median"], width["pass_ms"]["median"]
+        assert 0 < bare < 1.5 * whole, width
+    overhead = report["runtime_overhead"]
+    greedy = report["runners"][0]["decode_tokens_per_s"]["median"]
+    assert overhead["greedy_ms_per_token"] == pytest.approx(1000 / greedy)
+    assert overhead["bare_run_ms"] == report["verify_width"]["widths"][0]["bare_run_ms"]["median"]
+    assert overhead["share"] == pytest.approx(
+        1 - overhead["bare_run_ms"] / overhead["greedy_ms_per_token"])
 
 
 def test_greedy_and_every_proposer_at_every_k_ran(report):
@@ -163,3 +180,10 @@ def test_the_bundled_prompts_and_every_runner_through_the_api(bench_run):
     assert bench_run.prompts.source.startswith("bundled") and len(bench_run.prompts.prompts) == 8
     assert [r.runner.name for r in bench_run.results][:2] == ["greedy", "chained k=1"]
     assert len(bench_run.results) == 13 and bench_run.skipped == []
+
+
+def test_the_table_shows_the_bare_run_and_the_overhead(cli_bench):
+    _, out = cli_bench
+    text = (out / "bench.md").read_text()
+    assert "| bare ORT run ms | runtime's share |" in text
+    assert "Runtime overhead per greedy pass: greedy decodes a token in" in text
