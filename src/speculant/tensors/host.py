@@ -18,6 +18,8 @@ def argmax_rows_numpy(rows: np.ndarray) -> np.ndarray:
     first non-NaN index and an all-NaN row yields 0. Result ``[R]`` int32.
     """
     is_nan = np.isnan(rows)  # [R, V] bool
+    if not is_nan.any():  # no NaN: numpy's argmax is the rule (first index of the maximum)
+        return np.argmax(rows, axis=1).astype(np.int32)
     key = np.where(is_nan, np.float32(-np.inf), rows)  # [R, V] float32
     row_max = key.max(axis=1, keepdims=True)  # [R, 1] float32
     hit = (key == row_max) & ~is_nan  # [R, V] bool
@@ -34,7 +36,7 @@ def widen_rows(x: Value) -> np.ndarray:
     rows = x.data.reshape(-1, x.shape[-1])  # [R, V] x.dtype
     if x.dtype == "bfloat16":
         return widen_bfloat16_bits(np.asarray(rows, order="C"))
-    return rows.astype(np.float32)
+    return rows.astype(np.float32, copy=False)
 
 
 class HostBackend:
