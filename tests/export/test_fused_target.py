@@ -33,6 +33,12 @@ def test_float16_packages_get_the_fused_target(pair_roots):
     explicit = op_types(pair_roots["float32"] / "target" / "model.onnx")
     assert "GroupQueryAttention" not in explicit and "Softmax" in explicit
     assert "Softmax" not in fused  # attention is one kernel
+    drafter = op_types(pair_roots["float16"] / "assistant" / "model.onnx")
+    assert {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"} <= drafter
+    assert "ReduceMean" not in drafter and "Softmax" in drafter  # fused norms; its attention
+    # reads the borrowed cache without a causal term, so it stays node by node
+    assert "SkipSimplifiedLayerNormalization" not in op_types(
+        pair_roots["float32"] / "assistant" / "model.onnx")
 
 
 def test_the_choice_follows_dtype_head_size_and_graph():

@@ -34,22 +34,13 @@ from collections.abc import Mapping
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from speculant.export.config import EMBEDDING, ExportError, LlamaConfig
-from speculant.export.graphs import (
-    CONFIG_KEY,
-    PRODUCER,
-    ROLE_KEY,
-    _Graph,
-    rope_tables,
-)
+from speculant.export.graphs import MS_DOMAIN, _Graph, rope_tables
 
-MS_DOMAIN = "com.microsoft"
 FUSED_DTYPES = ("float16", "float32")  # bfloat16: ONNX Runtime's CPU kernels lack it
 GRAPHS = ("auto", "fused", "explicit")
-# Operators only ONNX Runtime defines (the ONNX checker rejects them as unknown)
-ORT_OPERATORS = frozenset({"SimplifiedLayerNormalization"})
 
 
 def fusable(config: LlamaConfig, dtype: str) -> bool:
@@ -74,41 +65,6 @@ def use_fused(config: LlamaConfig, dtype: str, graph: str = "auto") -> bool:
                                 and fusable(config, dtype))
 
 
-def uses_ort_operators(model: onnx.ModelProto) -> bool:
-    return any(node.domain == MS_DOMAIN or node.op_type in ORT_OPERATORS
-               for node in model.graph.node)
-
-
-class _FusedGraph(_Graph):
-    def node(self, op_type: str, inputs: list[str], num_outputs: int, hint: str,
-             domain: str = "", keep: tuple[int, ...] | None = None, **attrs) -> list[str]:
-        """A node with several outputs; those not in ``keep`` are left unnamed (unused)."""
-        outputs = [self._fresh(f"{hint}_o{j}") if keep is None or j in keep else ""
-                   for j in range(num_outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self._fresh(hint),
-                                           domain=domain, **attrs))
-        return outputs
-
-    def transposed(self, weight: str) -> str:
-        return self.op("Transpose", [weight], "wt", perm=[1, 0])
-
-    def skip_norm(self, x: str, delta: str, weight: str) -> tuple[str, str]:
-        """(RMSNorm(x + delta) * weight, x + delta)."""
-        out = self.node("SkipSimplifiedLayerNormalization", [x, delta, weight], 4, "skipnorm",
-                        MS_DOMAIN, keep=(0, 3), epsilon=self.config.rms_norm_eps)
-        return out[0], out[3]
-
-    def finish(self, role: str) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs,
-                                  self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                        helper.make_opsetid(MS_DOMAIN, 1)],
-                                  ir_version=8)
-        model.producer_name = PRODUCER
-        onnx.helper.set_model_props(model, {CONFIG_KEY: self.config.to_json(), ROLE_KEY: role})
-        return model
-
-
 def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
                        name: str = "target") -> onnx.ModelProto:
     """The target of :func:`~speculant.export.graphs.target_graph` (same inputs, outputs,
@@ -118,7 +74,7 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
         raise ValueError(f"no fused target for {dtype} with head_dim {config.head_dim}: "
                          f"needs one of {FUSED_DTYPES} and a head_dim multiple of 16")
     c = config
-    g = _FusedGraph(name, c, dtype)
+    g = _Graph(name, c, dtype, fused_norms=True)
     # position_ids stays in the signature: GroupQueryAttention places rotary at P + i itself
     input_ids, mask, _, pasts = g.decoder_inputs(weights)
     cos, sin = rope_tables(c)  # [max_pos, d] float32, halves duplicated
@@ -134,8 +90,7 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     total = g.op("Cast", [g.dim(mask, 1, "total")], "total_len", to=TensorProto.INT32)
 
     x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
-    h = g.node("SimplifiedLayerNormalization", [x, "model.layers.0.input_layernorm.weight"],
-               1, "norm", epsilon=c.rms_norm_eps, axis=-1, stash_type=1)[0]
+    h = g.norm(x, "model.layers.0.input_layernorm.weight")
     presents = []
     for i, (past_key, past_value) in enumerate(pasts):
         prefix = f"model.layers.{i}"
@@ -151,14 +106,14 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
             local_window_size=-1)  # context [b, s, H d]; key, value [b, KV, P + s, d]
         presents.append((key, value))
         attended = g.op("MatMul", [context, g.transposed(f"{attn}.o_proj.weight")], "o_proj")
-        h, x = g.skip_norm(x, attended, f"{prefix}.post_attention_layernorm.weight")
+        h, x = g.add_norm(x, attended, f"{prefix}.post_attention_layernorm.weight")
         gate = g.op("MatMul", [h, g.transposed(f"{prefix}.mlp.gate_proj.weight")], "gate")
         up = g.op("MatMul", [h, g.transposed(f"{prefix}.mlp.up_proj.weight")], "up")
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu"), up], "act")
         mlp = g.op("MatMul", [act, g.transposed(f"{prefix}.mlp.down_proj.weight")], "down")
         following = (f"model.layers.{i + 1}.input_layernorm.weight"
                      if i + 1 < c.num_hidden_layers else "model.norm.weight")
-        h, x = g.skip_norm(x, mlp, following)
+        h, x = g.add_norm(x, mlp, following)
     hidden = h  # [b, s, hidden]: the final norm's output
 
     g.decoder_outputs(hidden, presents)

@@ -27,6 +27,10 @@ ROLE_KEY = "speculant.export.role"  # metadata_props entry: target | drafter
 PRODUCER = "speculant.export"
 MASKED = float(np.finfo(np.float32).min)  # score of a key a query may not see
 
+MS_DOMAIN = "com.microsoft"
+# Operators only ONNX Runtime defines in the default domain (the ONNX checker rejects them)
+ORT_OPERATORS = frozenset({"SimplifiedLayerNormalization"})
+
 BORROWED_KEY = "shared_kv.key"
 BORROWED_VALUE = "shared_kv.value"
 # Initializer bytes above which a graph is written with external data (protobuf refuses
@@ -51,12 +55,52 @@ def rope_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-class _Graph(GraphBuilder):
-    """GraphBuilder plus raw-bytes weights and the decoder-layer blocks."""
+def uses_ort_operators(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` has an operator only ONNX Runtime defines (a contrib operator)."""
+    return any(node.domain == MS_DOMAIN or node.op_type in ORT_OPERATORS
+               for node in model.graph.node)
 
-    def __init__(self, name: str, config: LlamaConfig, dtype: str) -> None:
+
+class _Graph(GraphBuilder):
+    """GraphBuilder plus raw-bytes weights and the decoder-layer blocks. With ``fused_norms``
+    the RMSNorms (and the residual add before one) are ONNX Runtime's fused kernels."""
+
+    def __init__(self, name: str, config: LlamaConfig, dtype: str, *,
+                 fused_norms: bool = False) -> None:
         super().__init__(name)
-        self.config, self.dtype = config, dtype
+        self.config, self.dtype, self.fused_norms = config, dtype, fused_norms
+
+    def node(self, op_type: str, inputs: list[str], num_outputs: int, hint: str,
+             domain: str = "", keep: tuple[int, ...] | None = None, **attrs) -> list[str]:
+        """A node with several outputs; those not in ``keep`` are left unnamed (unused)."""
+        outputs = [self._fresh(f"{hint}_o{j}") if keep is None or j in keep else ""
+                   for j in range(num_outputs)]
+        self.nodes.append(onnx.helper.make_node(op_type, inputs, outputs,
+                                                name=self._fresh(hint), domain=domain, **attrs))
+        return outputs
+
+    def norm(self, x: str, weight: str) -> str:
+        """RMSNorm(x) * weight: ``SimplifiedLayerNormalization`` (float32 statistics) when
+        the norms are fused, else :meth:`rms_norm` node by node."""
+        if not self.fused_norms:
+            return self.rms_norm(x, weight)
+        return self.node("SimplifiedLayerNormalization", [x, weight], 1, "norm",
+                         epsilon=self.config.rms_norm_eps, axis=-1, stash_type=1)[0]
+
+    def add_norm(self, x: str, delta: str, weight: str) -> tuple[str, str]:
+        """(RMSNorm(x + delta) * weight, x + delta): one
+        ``com.microsoft.SkipSimplifiedLayerNormalization`` when the norms are fused (its
+        output 0 is the normed value, output 3 the sum)."""
+        if not self.fused_norms:
+            total = self.op("Add", [x, delta], "resid")
+            return self.rms_norm(total, weight), total
+        out = self.node("SkipSimplifiedLayerNormalization", [x, delta, weight], 4, "skipnorm",
+                        MS_DOMAIN, keep=(0, 3), epsilon=self.config.rms_norm_eps)
+        return out[0], out[3]
+
+    def transposed(self, weight: str) -> str:
+        """``weight.T`` (folded once when ONNX Runtime creates the session)."""
+        return self.op("Transpose", [weight], "wt", perm=[1, 0])
 
     def weight(self, name: str, array: np.ndarray) -> str:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
@@ -64,8 +108,7 @@ class _Graph(GraphBuilder):
 
     def linear(self, x: str, weight: str) -> str:
         """``x @ weight.T`` for an HF weight ``[out, in]``."""
-        return self.op("MatMul", [x, self.op("Transpose", [weight], "wt", perm=[1, 0])],
-                       weight.rsplit(".", 1)[0])
+        return self.op("MatMul", [x, self.transposed(weight)], weight.rsplit(".", 1)[0])
 
     def rms_norm(self, x: str, weight: str) -> str:
         """HF LlamaRMSNorm: normalize in float32, cast back, then scale by the weight."""
@@ -165,7 +208,11 @@ class _Graph(GraphBuilder):
 
     def finish(self, role: str) -> onnx.ModelProto:
         inline = sum(len(t.raw_data) for t in self.initializers) <= INLINE_LIMIT
-        model = self.model(check=inline)  # a larger one: checked by path once written
+        model = self.model(check=False)
+        if any(node.domain == MS_DOMAIN for node in self.nodes):
+            model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+        if inline and not uses_ort_operators(model):  # a larger one: checked by path once
+            onnx.checker.check_model(model, full_check=True)  # written; ORT's ops: by ORT
         model.producer_name = PRODUCER
         onnx.helper.set_model_props(model, {CONFIG_KEY: self.config.to_json(), ROLE_KEY: role})
         return model
@@ -221,13 +268,16 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
 
 
 def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
-                  embedding: np.ndarray, dtype: str, name: str = "assistant") -> onnx.ModelProto:
+                  embedding: np.ndarray, dtype: str, name: str = "assistant", *,
+                  fused_norms: bool = False) -> onnx.ModelProto:
     """The cacheless chained drafter: ``x = in_proj(inputs_embeds)``, one decoder layer whose
     attention reads the borrowed last-layer KV of the target (every key whose mask entry is
     1; no causal term), ``drafter.norm`` -> ``projected_state``; logits through the tied
-    table, carried in this graph under the target's name ``model.embed_tokens.weight``."""
+    table, carried in this graph under the target's name ``model.embed_tokens.weight``.
+    ``fused_norms``: its three norms and two residual adds as ONNX Runtime's fused kernels
+    (with the fused target: the same function in three nodes instead of ~29)."""
     c = config
-    g = _Graph(name, c, dtype)
+    g = _Graph(name, c, dtype, fused_norms=fused_norms)
     fused = g.add_input("inputs_embeds", dtype, ("batch", "sequence", 2 * c.hidden_size))
     position_ids = g.add_input("position_ids", "int64", ("batch", "sequence"))  # [b, s]
     mask = g.add_input("attention_mask", "int64", ("batch", "kv_sequence"))  # [b, K]
@@ -241,11 +291,10 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
     rope = g.rope_at(position_ids)
     x = g.linear(fused, "drafter.in_proj.weight")  # [b, s, hidden]
     prefix = "drafter.layer"
-    h = g.rms_norm(x, f"{prefix}.input_layernorm.weight")
-    x = g.op("Add", [x, g.attention(h, prefix, rope, key, value, allowed)], "resid")
-    h = g.rms_norm(x, f"{prefix}.post_attention_layernorm.weight")
-    x = g.op("Add", [x, g.mlp(h, prefix)], "resid")
-    state = g.rms_norm(x, "drafter.norm.weight")  # [b, s, hidden]
+    h = g.norm(x, f"{prefix}.input_layernorm.weight")
+    h, x = g.add_norm(x, g.attention(h, prefix, rope, key, value, allowed),
+                      f"{prefix}.post_attention_layernorm.weight")
+    state, _ = g.add_norm(x, g.mlp(h, prefix), "drafter.norm.weight")  # [b, s, hidden]
 
     g.add_output("logits", g.lm_head(state), dtype, ("batch", "sequence", c.vocab_size))
     g.add_output("projected_state", state, dtype, ("batch", "sequence", c.hidden_size))

@@ -38,13 +38,14 @@ from speculant.export.config import (
     drafter_shapes,
     target_shapes,
 )
-from speculant.export.fused import fused_target_graph, use_fused, uses_ort_operators
+from speculant.export.fused import fused_target_graph, use_fused
 from speculant.export.graphs import (
     CONFIG_KEY,
     INLINE_LIMIT,
     drafter_graph,
     initializer_bytes,
     target_graph,
+    uses_ort_operators,
 )
 from speculant.export.metadata import TokenizerFacts, decoder_metadata, pair_metadata
 from speculant.fixtures.writers import write_metadata, write_model
@@ -80,7 +81,8 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
     write_graph(target_builder(config, dtype, graph)(config, target, dtype),
                 root / "target" / "model.onnx", external_data)
-    write_graph(drafter_graph(config, drafter, target[EMBEDDING], dtype),
+    write_graph(drafter_graph(config, drafter, target[EMBEDDING], dtype,
+                              fused_norms=use_fused(config, dtype, graph)),
                 root / "assistant" / "model.onnx", external_data)
     document = pair_metadata(config, dtype, facts, scale=scale,
                              max_proposal_width=max_proposal_width, rollback_positions=rollback)
