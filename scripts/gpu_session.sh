@@ -8,6 +8,11 @@
 #   bash scripts/gpu_session.sh demo   "$OUT"   # demo pair in float16 with both anchors (~4 min)
 #   bash scripts/gpu_session.sh kernels "$OUT"  # ORT's profiler on the ~1B targets (~3 min)
 #
+# Staging: each call carries the working tree plus one chunk, 64 MiB at most; chunks staged
+# when the tree was smaller can stop fitting after commits ("the working tree is larger than
+# 64 MiB"). Stage again, or re-split the wheel to the room left: 63 MiB - tree - 0.5 MiB, tree
+# = the size of `git ls-files` plus untracked, unignored files.
+#
 # Phase `tests` also derives the ~1B cost-scaled pair and its float16 variant in the
 # background (/tmp/scaled), which `bench` uses. Each phase writes at most 8 files to OUT.
 set -u
