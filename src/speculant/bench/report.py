@@ -143,12 +143,9 @@ def summarize(run: BenchRun, command: str) -> dict:
                        for w in run.widths],
         },
     }, run.limit)
-    bare_ms = Spread.of(run.widths[0].bare_s).median * 1000 if run.widths[0].width == 1 \
-        else None
-    greedy_tps = next((r["decode_tokens_per_s"]["median"] for r in runners
-                       if r["proposer"] is None), None) if greedy else None
-    if bare_ms and greedy_tps:
-        per_token = 1000 / greedy_tps
+    if greedy is not None and run.widths[0].width == 1:
+        bare_ms = Spread.of(run.widths[0].bare_s).median * 1000
+        per_token = 1000 / greedy.per_repeat(decode_tokens_per_s).median
         report["runtime_overhead"] = {"greedy_ms_per_token": per_token, "bare_run_ms": bare_ms,
                                       "share": 1 - bare_ms / per_token}
     return anchor_report.annotate(report, run)

@@ -105,12 +105,9 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
             scale=float(c.head_dim ** -0.5), do_rotary=1, rotary_interleaved=0,
             local_window_size=-1)  # context [b, s, H d]; key, value [b, KV, P + s, d]
         presents.append((key, value))
-        attended = g.op("MatMul", [context, g.transposed(f"{attn}.o_proj.weight")], "o_proj")
+        attended = g.linear(context, f"{attn}.o_proj.weight")
         h, x = g.add_norm(x, attended, f"{prefix}.post_attention_layernorm.weight")
-        gate = g.op("MatMul", [h, g.transposed(f"{prefix}.mlp.gate_proj.weight")], "gate")
-        up = g.op("MatMul", [h, g.transposed(f"{prefix}.mlp.up_proj.weight")], "up")
-        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu"), up], "act")
-        mlp = g.op("MatMul", [act, g.transposed(f"{prefix}.mlp.down_proj.weight")], "down")
+        mlp = g.mlp(h, prefix)
         following = (f"model.layers.{i + 1}.input_layernorm.weight"
                      if i + 1 < c.num_hidden_layers else "model.norm.weight")
         h, x = g.add_norm(x, mlp, following)

@@ -13,37 +13,11 @@ from speculant.errors import ContractError
 from speculant.package.model import TensorContract
 from speculant.tensors import Value
 
-
-@dataclass(frozen=True, slots=True)
-class CompiledContract:
-    """A contract's checks in plain Python values, read once per contract (the hot path)."""
-
-    dtype: str
-    rank: int
-    aligned: int | None  # the request-aligned axis, if any
-    dims: tuple[int | str | None, ...]
-
-
-_COMPILED: dict[int, tuple[TensorContract, CompiledContract]] = {}
-
-
-def compile_contract(contract: TensorContract) -> CompiledContract:
-    """``contract`` as a `CompiledContract` (cached; contracts are frozen models)."""
-    hit = _COMPILED.get(id(contract))
-    if hit is not None and hit[0] is contract:
-        return hit[1]
-    layout = contract.batch_layout
-    compiled = CompiledContract(
-        dtype=contract.dtype, rank=contract.rank,
-        aligned=layout.axis if layout.kind == "request_aligned" else None,
-        dims=tuple(contract.dims))
-    _COMPILED[id(contract)] = (contract, compiled)  # keeps the contract alive: ids stay unique
-    return compiled
-
-
-# (contract id, dtype, shape) -> the (axis, symbol) pairs it binds: a value of that dtype and
-# shape passed every fixed check of that contract once, so only its symbols need binding again
-_VERIFIED: dict[tuple[int, str, tuple[int, ...]], tuple[tuple[int, str], ...]] = {}
+# (contract id, dtype, shape) -> (the contract, the (axis, symbol) pairs it binds): a value of
+# that dtype and shape passed every fixed check of that contract once, so only its symbols
+# need binding again. The entry holds the contract, so its id is not reused while it lives.
+_VERIFIED: dict[tuple[int, str, tuple[int, ...]],
+                tuple[TensorContract, tuple[tuple[int, str], ...]]] = {}
 VERIFIED_LIMIT = 1 << 14  # distinct (contract, dtype, shape) triples kept; then start over
 
 
@@ -58,12 +32,14 @@ class SymbolTable:
         """Check ``value`` (bound as ``name``) against ``contract``; bind new symbols."""
         shape = value.shape
         key = (id(contract), value.dtype, shape)
-        symbols = _VERIFIED.get(key)
-        if symbols is None:
-            symbols = self._verify(name, compile_contract(contract), value.dtype, shape)
+        hit = _VERIFIED.get(key)
+        if hit is not None and hit[0] is contract:
+            symbols = hit[1]
+        else:
+            symbols = self._verify(name, contract, value.dtype, shape)
             if len(_VERIFIED) >= VERIFIED_LIMIT:
                 _VERIFIED.clear()
-            _VERIFIED[key] = symbols  # compile_contract keeps the contract (and its id) alive
+            _VERIFIED[key] = (contract, symbols)
         bound = self.bound
         for axis, symbol in symbols:
             if symbol in self.dynamic:
@@ -74,9 +50,11 @@ class SymbolTable:
             elif previous[0] != shape[axis]:
                 self.bind(symbol, shape[axis], f"'{name}' axis {axis}")  # raises, with context
 
-    def _verify(self, name: str, spec: CompiledContract, dtype: str,
+    def _verify(self, name: str, spec: TensorContract, dtype: str,
                 shape: tuple[int, ...]) -> tuple[tuple[int, str], ...]:
         """Every check that depends on dtype and shape alone; the symbol axes to bind."""
+        aligned = spec.batch_layout.axis if spec.batch_layout.kind == "request_aligned" \
+            else None
         if dtype != spec.dtype:
             raise ContractError(
                 f"{self.scope}: '{name}' has dtype {dtype}, its contract says "
@@ -89,7 +67,7 @@ class SymbolTable:
         symbols = []
         for axis, dim in enumerate(spec.dims):
             extent = shape[axis]
-            if axis == spec.aligned and extent != 1:
+            if axis == aligned and extent != 1:
                 raise ContractError(
                     f"{self.scope}: '{name}' has {extent} rows on its request axis {axis}; "
                     "speculant decodes one sequence per run", path=name, value=extent,

@@ -20,7 +20,7 @@ from speculant.errors import AdmissionError, ContractError, ResidencyError
 from speculant.package.model import Ports
 from speculant.session.contracts import SymbolTable
 from speculant.tensors import HOST, TensorSeam, Value
-from speculant.tensors.cuda_interop import keep_alive, ort_device
+from speculant.tensors.cuda_interop import keep_alive, ort_device, raw_binding
 
 ORT_TYPES = {
     "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
@@ -125,8 +125,7 @@ class ComponentSession:
         self._run_bound(binding)
         self.num_invocations += 1
         # the C-level OrtValues (the Python wrapper would re-wrap each one)
-        produced = dict(zip(wanted, getattr(binding, "_iobinding", binding).get_outputs(),
-                            strict=True))
+        produced = dict(zip(wanted, raw_binding(binding).get_outputs(), strict=True))
         result = {port: self._adopt_output(port, ort_value) for port, ort_value in
                   produced.items()}
         for port, value in result.items():
@@ -137,11 +136,10 @@ class ComponentSession:
         """ORT's run on ``binding``: the C-level call where this build has it (the Python
         wrapper adds per-run checks for graph capture, which speculant does not use)."""
         raw_session = getattr(self.session, "_sess", None)
-        raw_binding = getattr(binding, "_iobinding", None)
-        if raw_session is None or raw_binding is None:
+        if raw_session is None or raw_binding(binding) is binding:
             self.session.run_with_iobinding(binding)
         else:
-            raw_session.run_with_iobinding(raw_binding, None)
+            raw_session.run_with_iobinding(raw_binding(binding), None)
 
     # -- binding --------------------------------------------------------------------------
     def bind(self, inputs: Mapping[str, Value], outputs: list[str]) -> ort.IOBinding:
@@ -156,7 +154,7 @@ class ComponentSession:
 
     def _bind_input(self, binding: ort.IOBinding, port: str, value: Value) -> None:
         if value.residency == HOST:  # ORT uploads it: an upload, not a read
-            getattr(binding, "_iobinding", binding).bind_input(port, value.data)
+            raw_binding(binding).bind_input(port, value.data)
             keep_alive(binding, port, value)  # ORT reads the array's memory at each run
             return
         if value.residency != self.device:
@@ -169,7 +167,7 @@ class ComponentSession:
 
     def _bind_output(self, binding: ort.IOBinding, port: str) -> None:
         if self.output_residency == HOST:
-            getattr(binding, "_iobinding", binding).bind_output(port, ort_device("cpu", 0))
+            raw_binding(binding).bind_output(port, ort_device("cpu", 0))
         else:
             self.seam.device_backends["cuda"].bind_output(binding, port, self.device)
 

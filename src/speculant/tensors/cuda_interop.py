@@ -85,7 +85,7 @@ def ort_device(kind: str, ordinal: int) -> Any:
     return ort.OrtDevice.make(kind, ordinal)._get_c_device()
 
 
-def _raw(binding: Any) -> Any:
+def raw_binding(binding: Any) -> Any:
     """The C-level binding under ONNX Runtime's Python ``IOBinding`` (the same methods,
     without the per-call wrapper work), or ``binding`` itself when it is already that."""
     return getattr(binding, "_iobinding", binding)
@@ -94,8 +94,9 @@ def _raw(binding: Any) -> Any:
 def bind_device_input(binding: Any, name: str, value: Value) -> None:
     """Bind the ``cuda:N`` ``value`` as input ``name``: pointer, ONNX element type, shape."""
     ordinal = _require_device_value("bind_device_input", value)
-    _raw(binding).bind_input(name, ort_device("cuda", ordinal), ONNX_ELEMENT_TYPES[value.dtype],
-                             list(value.shape), int(value.data.data.ptr))
+    raw_binding(binding).bind_input(name, ort_device("cuda", ordinal),
+                                    ONNX_ELEMENT_TYPES[value.dtype], list(value.shape),
+                                    int(value.data.data.ptr))
     keep_alive(binding, name, value)
 
 
@@ -108,7 +109,7 @@ def bind_device_output(binding: Any, name: str, residency: str,
     """
     ordinal = cuda_ordinal(residency)
     if value is None:
-        _raw(binding).bind_output(name, ort_device("cuda", ordinal))
+        raw_binding(binding).bind_output(name, ort_device("cuda", ordinal))
         return
     if value.residency != residency or not value.owned:
         raise ContractError(f"bind_device_output: output '{name}' can only be written into an "
