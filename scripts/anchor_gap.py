@@ -35,7 +35,7 @@ import onnx
 import onnxruntime as ort
 
 import speculant
-from speculant.bench.report import machine
+from speculant_bench.report import machine
 
 
 def read_prompts(path: Path) -> list[list[int]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 CHAINED_RUN = """
 import sys, speculant
-from speculant.fixtures.writers import write_chained_package
+from builders.writers import write_chained_package
 root = write_chained_package(sys.argv[1], dtype="float16", fmt="onnx")
 engine = speculant.load(root, "cuda", use_tf32=False)
 run = engine.generate([5, 9, 3], 24, speculative=True, k=4)
@@ -55,7 +55,7 @@ def junit_outcomes(path: Path) -> dict:
 
 def chained_runs() -> list[dict]:
     import speculant
-    from speculant.fixtures.writers import write_chained_package
+    from builders.writers import write_chained_package
 
     runs = []
     for dtype in ("float32", "float16"):

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import speculant
-from speculant.bench.report import machine
+from speculant_bench.report import machine
 
 
 def read_prompts(path: Path) -> list[list[int]]:

@@ -4,7 +4,7 @@
         [--draft src/speculant/demo_draft]
 
 Writes the chained pair (target + cacheless drafter, float32) and the separate draft model as
-speculant packages with `speculant.export`, and copies the fixed validation prompts beside the
+speculant packages with `speculant_tools.export`, and copies the fixed validation prompts beside the
 pair. Needs `safetensors` (pip install safetensors) to read the weights.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from safetensors.numpy import load_file
 
-from speculant.export import write_decoder_package, write_pair_package
+from speculant_tools.export import write_decoder_package, write_pair_package
 
 
 def main() -> None:

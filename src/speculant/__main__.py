@@ -1,6 +1,6 @@
 """``python -m speculant ...``: the ``speculant`` command where no script is installed (for
 example a checkout on ``PYTHONPATH``)."""
 
-from speculant.cli import app
+from speculant.cli import main
 
-app(prog_name="speculant")
+main()

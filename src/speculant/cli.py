@@ -1,10 +1,14 @@
-"""The `speculant` command: generate, inspect, metadata tools."""
+"""The `speculant` command: the runtime's own commands (generate, inspect), and the commands
+of installed plugins (the tools' convert / scale-target / export-hf / metadata, the bench's
+bench), which register themselves through the ``speculant.commands`` entry points; the runtime
+imports none of them."""
 
 from __future__ import annotations
 
 import json
 import sys
-from importlib import resources
+from importlib import import_module, resources
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
 
@@ -18,8 +22,6 @@ from speculant.errors import SpeculantError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Speculative decoding for ONNX inference packages.")
-metadata_app = typer.Typer(no_args_is_help=True, help="Tools for inference_metadata documents.")
-app.add_typer(metadata_app, name="metadata")
 stderr = Console(stderr=True, soft_wrap=True)
 
 
@@ -179,163 +181,33 @@ def inspect(
         console.print_json(json.dumps(value, default=str))
 
 
-@app.command()
-def bench(
-    package: Annotated[Path | None, typer.Argument(help="Package folder (default: the "
-                                                        "bundled demo package).")] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
-    draft: Annotated[Path | None, typer.Option(help="Draft-model package for the draft "
-                                                    "proposer (without it, draft is "
-                                                    "skipped).")] = None,
-    prompts: Annotated[Path | None, typer.Option(help="JSON list of prompts (token-id lists "
-                                                      "or strings); default: the package's "
-                                                      "val_prompts.json, else the bundled "
-                                                      "code snippets.")] = None,
-    new_tokens: Annotated[int, typer.Option(help="Tokens every runner decodes per prompt "
-                                                 "(EOS masked).")] = 32,
-    warmup: Annotated[int, typer.Option(help="Untimed passes over the prompts per "
-                                             "runner.")] = 1,
-    repeats: Annotated[int, typer.Option(help="Timed passes over the prompts per runner "
-                                              "(median and spread).")] = 5,
-    threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads of every "
-                                                     "session (default on CPU: every usable "
-                                                     "CPU).")] = None,
-    proposer: Annotated[list[str] | None, typer.Option(help="Proposer to run (repeatable; "
-                                                            "default: chained, draft, "
-                                                            "prompt_lookup).")] = None,
-    k: Annotated[list[int] | None, typer.Option(help="Drafts per round (repeatable; default: "
-                                                     "1 2 4 8).")] = None,
-    out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.md and the "
-                                           "PNGs.")] = Path("bench-out"),
-    anchors: Annotated[list[str] | None, typer.Option(
-        help="Other runtimes to time in the same run on the same weights: hf (transformers "
-             "generate), genai (onnxruntime-genai); comma-separated or repeated. Skipped with "
-             "the reason when their packages are missing.")] = None,
-    anchor_dir: Annotated[Path | None, typer.Option(
-        help="Keep the anchors' checkpoints and built models here (default: a temporary "
-             "folder).")] = None,
-) -> None:
-    """Time greedy and each proposer at each k side by side; write JSON, Markdown and plots."""
-    import shlex
-
-    from speculant.bench.anchors import parse_anchors
-    from speculant.bench.command import bench as run_bench_command
-    from speculant.bench.run import BenchConfig
-    from speculant.bench.runners import KS, PROPOSERS
-    from speculant.errors import RequestError
-
-    try:
-        anchor_names = parse_anchors(anchors)
-    except ValueError as error:
-        fail(RequestError(str(error), path="--anchors", value=anchors,
-                          expected="hf, genai"))
-        return
-    config = BenchConfig(package or demo_package(), device=device, draft=draft,
-                         prompts_file=prompts, new_tokens=new_tokens, warmup=warmup,
-                         repeats=repeats, threads=threads,
-                         proposers=tuple(proposer or PROPOSERS), ks=tuple(k or KS),
-                         anchors=anchor_names, anchor_dir=anchor_dir)
-    try:
-        report = run_bench_command(config, out, shlex.join(["speculant", *sys.argv[1:]]),
-                                   stderr)
-    except SpeculantError as error:
-        fail(error)
-        return
-    from speculant.bench.report import markdown
-
-    print(markdown(report), end="")
+# Where the distribution is not installed (a checkout on PYTHONPATH) there are no entry
+# points; these are the in-tree plugins the wheel declares under ``speculant.commands``.
+IN_TREE_PLUGINS = ("speculant_tools.cli:register", "speculant_bench.cli:register")
+_registered: set[str] = set()
 
 
-GRAPH_HELP = ("The target's graph: auto (fused kernels for float16), fused (also float32: "
-              "CPU only), explicit (node by node).")
+def full_app() -> typer.Typer:
+    """The runtime's app with every available plugin's commands registered (once)."""
+    found = [entry.value for entry in entry_points(group="speculant.commands")]
+    for target in found or IN_TREE_PLUGINS:
+        if target in _registered:
+            continue
+        module_name, _, function = target.partition(":")
+        try:
+            module = import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+            continue  # a plugin that is not installed adds no commands
+        getattr(module, function)(app)
+        _registered.add(target)
+    return app
 
 
-@app.command()
-def convert(
-    package: Annotated[Path, typer.Argument(help="Package written by speculant.export.")],
-    out: Annotated[Path, typer.Argument(help="Folder for the rebuilt package.")],
-    dtype: Annotated[str, typer.Option(help="float16 or float32: weights, IO and the "
-                                            "chain's currency.")] = "float16",
-    graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
-) -> None:
-    """Rebuild an exported package's graphs in another dtype."""
-    from speculant.export import convert as convert_package
-
-    try:
-        convert_package(package, out, dtype=dtype, graph=graph)
-    except SpeculantError as error:
-        fail(error)
-        return
-    stderr.print(escape(f"wrote {out} ({dtype})"), highlight=False)
-
-
-@app.command("export-hf")
-def export_hf(
-    package: Annotated[Path, typer.Argument(help="Package written by speculant.export.")],
-    out: Annotated[Path, typer.Argument(help="Folder for the Hugging Face checkpoint.")],
-) -> None:
-    """Write an exported package's weights back out as a Hugging Face checkpoint."""
-    from speculant.export import export_hf as write_checkpoint
-
-    try:
-        write_checkpoint(package, out)
-    except SpeculantError as error:
-        fail(error)
-        return
-    stderr.print(escape(f"wrote {out} (config.json, model.safetensors)"), highlight=False)
-
-
-@app.command("scale-target")
-def scale_target(
-    package: Annotated[Path, typer.Argument(help="Chained pair written by speculant.export "
-                                                 "(e.g. src/speculant/demo).")],
-    out: Annotated[Path, typer.Argument(help="Folder for the cost-scaled pair (keep it out "
-                                             "of git: the repository ignores /scaled/).")],
-    params: Annotated[str, typer.Option(help="Target parameters: 100M, 1B (or any count "
-                                             "such as 250M, 1.5B).")] = "100M",
-    layers: Annotated[int | None, typer.Option(help="Decoder layers (default: 12 below "
-                                                    "500M parameters, 16 from 500M).")] = None,
-    intermediate: Annotated[int | None, typer.Option(help="MLP width (default: the multiple "
-                                                          "of 256 nearest --params).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
-    external_data: Annotated[bool | None, typer.Option(
-        help="Weights in model.onnx.data beside each graph (default: above 1 GiB).")] = None,
-    check_tokens: Annotated[int, typer.Option(help="Greedy and chained tokens to compare "
-                                                   "with the trained pair on the CPU (0: "
-                                                   "skip the check).")] = 16,
-    graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
-) -> None:
-    """Derive a cost-scaled pair with the trained pair's function: wider MLPs, more layers."""
-    from speculant.export.cost_scale import describe
-    from speculant.export.cost_scale import scale_target as scale
-
-    try:
-        result = scale(package, out, params, num_layers=layers,
-                       intermediate_size=intermediate, seed=seed, external_data=external_data,
-                       check_tokens=check_tokens, graph=graph)
-    except SpeculantError as error:
-        fail(error)
-        return
-    stderr.print(escape(describe(result)), highlight=False)
-
-
-@metadata_app.command("name-axes")
-def name_axes_command(
-    package: Annotated[Path, typer.Argument(help="Package folder or metadata file.")],
-    dry_run: Annotated[bool, typer.Option(help="Report without writing.")] = False,
-) -> None:
-    """Rename sequence-like axes called `sequence` by what they are."""
-    from speculant.package.document import find_metadata
-    from speculant.package.name_axes import name_axes
-
-    try:
-        path = find_metadata(package) if package.is_dir() else package
-        report = name_axes(path, write=not dry_run)
-    except SpeculantError as error:
-        fail(error)
-        return
-    stderr.print(str(report), highlight=False)
+def main() -> None:
+    full_app()(prog_name="speculant")
 
 
 if __name__ == "__main__":
-    app()
+    main()

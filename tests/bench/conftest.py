@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from speculant.bench import BenchConfig, run_bench
-from speculant.cli import app
-from speculant.fixtures import encode
-from speculant.fixtures.writers import write_chained_package, write_decoder_package
+from builders import encode
+from builders.writers import write_chained_package, write_decoder_package
+from speculant.cli import full_app
+from speculant_bench import BenchConfig, run_bench
+
+app = full_app()
 
 NEW_TOKENS = 16
 CLI_PROMPTS = ["def fib(n):\n", "for x in items:\n", "print(hello world)"]

@@ -18,14 +18,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from speculant.bench import BenchConfig, run_bench
-from speculant.bench.anchors import AnchorDecode, AnchorRunner, genai, hf, prepare_anchors
-from speculant.bench.anchors import base as anchors_base
-from speculant.bench.anchors import report as anchor_report
-from speculant.bench.report import markdown, summarize
-from speculant.bench.run import RunnerResult, Sample
-from speculant.bench.runners import Runner
-from speculant.cli import app
+from speculant.cli import full_app
+from speculant_bench import BenchConfig, run_bench
+from speculant_bench.anchors import AnchorDecode, AnchorRunner, genai, hf, prepare_anchors
+from speculant_bench.anchors import base as anchors_base
+from speculant_bench.anchors import report as anchor_report
+from speculant_bench.report import markdown, summarize
+from speculant_bench.run import RunnerResult, Sample
+from speculant_bench.runners import Runner
+
+app = full_app()
+
 
 DEMO = Path(str(resources.files("speculant") / "demo"))
 DEMO_DRAFT = Path(str(resources.files("speculant") / "demo_draft"))
@@ -125,7 +128,7 @@ def test_projection_widths_and_the_lm_head_pitfall():
 
 def test_the_committed_demo_pair_is_safe_to_build():
     """The demo target and draft: vocabulary 4096 against every projection width."""
-    from speculant.export.package import read_settings, read_weights
+    from speculant_tools.export.package import read_settings, read_weights
 
     for package in (DEMO, DEMO_DRAFT):
         config = read_weights(package)[0].to_hf(read_settings(package).dtype, eos_token_id=0)
@@ -395,7 +398,7 @@ def test_a_failing_mode_is_skipped_with_the_runtime_error(pair_path, monkeypatch
                           AnchorRunner("hf", "prompt_lookup", 2, fails)]
 
     monkeypatch.setattr(anchors_base, "missing_modules", lambda anchor, find_spec=None: [])
-    monkeypatch.setattr("speculant.bench.anchors._checkpoints",
+    monkeypatch.setattr("speculant_bench.anchors._checkpoints",
                         lambda package, draft, work: (work / "t", None))
     monkeypatch.setattr(hf, "prepare", fake_prepare)
     setup = prepare_anchors(("hf",), package=pair_path, draft=None, device="cpu", threads=1,

@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 
 import speculant
-from speculant.bench.command import write_report
-from speculant.bench.report import PNG_FILES
-from speculant.bench.runners import Runner, why_unavailable
+from speculant_bench.command import write_report
+from speculant_bench.report import PNG_FILES
+from speculant_bench.runners import Runner, why_unavailable
 
 NEW_TOKENS = 16  # the runs of conftest.py
 
@@ -42,7 +42,7 @@ REPORT = {
     "required": ["schema", "date", "command", "machine", "versions", "package", "config",
                  "prompts", "runners", "skipped", "verify_width"],
     "properties": {
-        "schema": {"const": "speculant.bench/1"},
+        "schema": {"const": "speculant_bench/1"},
         "machine": {"type": "object", "required": ["cpu", "cores", "gpu", "load_average"]},
         "versions": {"type": "object", "required": ["python", "speculant", "onnxruntime"]},
         "config": {"type": "object", "required": ["device", "threads", "new_tokens", "warmup",

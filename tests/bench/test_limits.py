@@ -1,4 +1,4 @@
-"""The physical limit's arithmetic (speculant.bench.limits) on a tiny exported pair: bytes per
+"""The physical limit's arithmetic (speculant_bench.limits) on a tiny exported pair: bytes per
 token from the target's initializers and cache cells, the limit, the per-runner ratio, the
 report section. Measurements are only checked to run (no timing assertions)."""
 
@@ -12,10 +12,10 @@ import onnx
 import pytest
 from tokenizers import AddedToken, Tokenizer, models
 
-from speculant.bench import limits
-from speculant.bench.spread import Spread
-from speculant.export import LlamaConfig, drafter_shapes, target_shapes, write_pair_package
 from speculant.package import load_package
+from speculant_bench import limits
+from speculant_bench.spread import Spread
+from speculant_tools.export import LlamaConfig, drafter_shapes, target_shapes, write_pair_package
 
 CONFIG = LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=3, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=24, max_position_embeddings=32,

@@ -7,11 +7,11 @@ import json
 import pytest
 
 import speculant
-from speculant.bench.prompts import find_prompt_file, fit_prompts, read_prompts
-from speculant.bench.spread import Spread
-from speculant.bench.timing import InvokeClock
+from builders import encode
 from speculant.errors import RequestError
-from speculant.fixtures import encode
+from speculant_bench.prompts import find_prompt_file, fit_prompts, read_prompts
+from speculant_bench.spread import Spread
+from speculant_bench.timing import InvokeClock
 
 
 def test_spread_of_literal_values():

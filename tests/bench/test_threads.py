@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import speculant
-from speculant.fixtures.writers import write_chained_package
+from builders.writers import write_chained_package
 
 
 def test_threads_reach_every_session(tmp_path):

@@ -14,8 +14,11 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 import speculant
-from speculant.cli import app
-from speculant.fixtures.writers import write_chained_package, write_decoder_package
+from builders.writers import write_chained_package, write_decoder_package
+from speculant.cli import full_app
+
+app = full_app()
+
 
 
 @pytest.fixture(scope="session")

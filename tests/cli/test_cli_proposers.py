@@ -8,7 +8,7 @@ import pytest
 from test_cli_generate import assert_clean_failure, counters, flat
 
 import speculant
-from speculant.fixtures.writers import write_decoder_package
+from builders.writers import write_decoder_package
 
 PROMPT = "def "
 

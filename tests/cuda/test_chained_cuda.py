@@ -18,8 +18,8 @@ import pytest
 from gpu_probe import cuda_marks
 
 import speculant
-from speculant.fixtures.writers import write_chained_package
-from speculant.tensors.transfer_guard import forbid_host_transfers
+from builders.transfer_guard import forbid_host_transfers
+from builders.writers import write_chained_package
 from speculant.workflow.state import DecodeState
 
 pytestmark = cuda_marks()
@@ -162,7 +162,9 @@ def test_live_allocations_are_flat_over_100_proposals(package):
 def test_cli_reports_zero_staging_on_cuda(package):
     from typer.testing import CliRunner
 
-    from speculant.cli import app
+    from speculant.cli import full_app
+
+    app = full_app()
 
     result = CliRunner().invoke(app, ["generate", str(package), "--device", "cuda",
                                       "--speculative", "--k", "4", "--stats",

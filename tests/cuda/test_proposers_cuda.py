@@ -15,9 +15,9 @@ import pytest
 from gpu_probe import cuda_marks
 
 import speculant
-from speculant.fixtures import DEFAULT_DEVIATION_POSITIONS
-from speculant.fixtures.writers import write_chained_package, write_decoder_package
-from speculant.tensors.transfer_guard import forbid_host_transfers
+from builders import DEFAULT_DEVIATION_POSITIONS
+from builders.transfer_guard import forbid_host_transfers
+from builders.writers import write_chained_package, write_decoder_package
 
 pytestmark = cuda_marks()
 

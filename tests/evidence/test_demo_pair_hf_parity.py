@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 pytest.importorskip("safetensors", reason="safetensors is not installed")
 
 import speculant  # noqa: E402
-from speculant.export import export_hf  # noqa: E402
+from speculant_tools.export import export_hf  # noqa: E402
 
 DEMO = Path(str(resources.files("speculant") / "demo"))
 NUM_PROMPTS, NEW_TOKENS = 8, 48

@@ -1,4 +1,4 @@
-"""Tiny random Llama pairs written by speculant.export, once per session."""
+"""Tiny random Llama pairs written by speculant_tools.export, once per session."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from export_models import (
     write_tokenizer,
 )
 
-from speculant.export import convert, write_decoder_package, write_pair_package
+from speculant_tools.export import convert, write_decoder_package, write_pair_package
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models
 
-from speculant.export import LlamaConfig, drafter_shapes, target_shapes
+from speculant_tools.export import LlamaConfig, drafter_shapes, target_shapes
 
 CONFIG = LlamaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=40, max_position_embeddings=64,

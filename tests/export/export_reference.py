@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from speculant.export import LlamaConfig
+from speculant_tools.export import LlamaConfig
 
 
 def _w(weights, name: str) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Cost-scaled targets (speculant.export.cost_scale) on the tiny export pair: the scaled
+"""Cost-scaled targets (speculant_tools.export.cost_scale) on the tiny export pair: the scaled
 target's logits and tokens equal the trained target's, the parameter count follows its
 formula, the added units and layers contribute exactly zero, the drafter still borrows the
 trained last layer, speculation equals greedy with unchanged traces; external data; CLI."""
@@ -15,9 +15,9 @@ from export_models import CONFIG, DRAFTER_WEIGHTS, TARGET_WEIGHTS
 from typer.testing import CliRunner
 
 import speculant
-from speculant.cli import app
-from speculant.export import ExportError, LlamaConfig, convert, read_weights, target_shapes
-from speculant.export.cost_scale import (
+from speculant.cli import full_app
+from speculant_tools.export import ExportError, LlamaConfig, convert, read_weights, target_shapes
+from speculant_tools.export.cost_scale import (
     check_identical,
     layer_order,
     parameter_count,
@@ -26,7 +26,10 @@ from speculant.export.cost_scale import (
     prefill_logits,
     scale_target,
 )
-from speculant.export.graphs import CONFIG_KEY
+from speculant_tools.export.graphs import CONFIG_KEY
+
+app = full_app()
+
 
 LAYERS, WIDTH = 5, 96  # trained: 2 layers, intermediate 40
 PROMPTS = ([7, 3, 41, 12, 25], [20, 21], list(range(2, 34)))

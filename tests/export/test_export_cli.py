@@ -1,4 +1,4 @@
-"""`speculant convert` and `speculant export-hf`: small commands over speculant.export; typed
+"""`speculant convert` and `speculant export-hf`: small commands over speculant_tools.export; typed
 errors exit 2 without a traceback."""
 
 from __future__ import annotations
@@ -9,8 +9,11 @@ import numpy as np
 from typer.testing import CliRunner
 
 import speculant
-from speculant.cli import app
-from speculant.export import read_weights
+from speculant.cli import full_app
+from speculant_tools.export import read_weights
+
+app = full_app()
+
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ import pytest
 from export_models import CONFIG, TARGET_WEIGHTS
 from export_reference import drafter_forward, target_forward
 
-from speculant.export import read_weights, rope_tables
+from speculant_tools.export import read_weights, rope_tables
 
 PROMPT = [7, 3, 41, 12, 25]
 CONTINUATION = [9, 33, 48, 2, 17, 30, 5]  # stepped one by one, then as one block

@@ -25,7 +25,7 @@ from export_models import (
 from export_reference import greedy
 
 import speculant
-from speculant.export import (
+from speculant_tools.export import (
     ExportError,
     LlamaConfig,
     convert,

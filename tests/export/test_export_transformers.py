@@ -17,7 +17,7 @@ from export_models import CONFIG
 from test_export_graphs import empty_past, run_target, session
 
 import speculant
-from speculant.export import LlamaConfig, export_hf
+from speculant_tools.export import LlamaConfig, export_hf
 
 torch = pytest.importorskip("torch", reason="torch is not installed (not a project dependency)")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")

@@ -12,10 +12,10 @@ import pytest
 from export_models import CONFIG, TARGET_WEIGHTS
 
 import speculant
-from speculant.export import ExportError, convert, read_weights
-from speculant.export.fused import fusable, fused_target_graph
-from speculant.export.graphs import target_graph
-from speculant.export.package import target_builder
+from speculant_tools.export import ExportError, convert, read_weights
+from speculant_tools.export.fused import fusable, fused_target_graph
+from speculant_tools.export.graphs import target_graph
+from speculant_tools.export.package import target_builder
 
 PROMPT = [7, 3, 41, 12, 25, 9]
 BLOCK = [33, 48, 2, 17]

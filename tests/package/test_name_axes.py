@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from speculant.errors import MetadataError
-from speculant.package.name_axes import name_axes
+from speculant_tools.name_axes import name_axes
 
 DATA = Path(__file__).parent / "name_axes_data"
 CHAINED = DATA / "chained_pair.yaml"  # metadata.md §8.2, verbatim

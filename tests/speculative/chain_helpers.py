@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 import speculant
-from speculant.fixtures import definition as fx
-from speculant.fixtures import reference as ref
-from speculant.fixtures.trace import Trace, chained_drafts, speculative_trace
+from builders import definition as fx
+from builders import reference as ref
+from builders.trace import Trace, chained_drafts, speculative_trace
 from speculant.speculative import chained
 from speculant.speculative import proposal as proposal_module
 from speculant.speculative.chained import ChainedProposer

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 import speculant
-from speculant.fixtures import read_model, write_chained_package, write_decoder_package
-from speculant.fixtures.writers import FORMATS, write_model
+from builders import read_model, write_chained_package, write_decoder_package
+from builders.writers import FORMATS, write_model
 
 MAX_WIDTH = 8  # max_proposal_width = rollback_positions of the shared pair: k up to 8
 

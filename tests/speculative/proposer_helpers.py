@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from speculant.fixtures import DEFAULT_DEVIATION_POSITIONS, VOCAB_SIZE, FixtureSpec, target_next
-from speculant.fixtures import definition as fx
+from builders import DEFAULT_DEVIATION_POSITIONS, VOCAB_SIZE, FixtureSpec, target_next
+from builders import definition as fx
 
 # A draft that agrees with the target except at 7, 17, 40 (only the target deviates) and at
 # 10, 28, 50 (only the draft does).

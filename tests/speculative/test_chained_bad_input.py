@@ -15,6 +15,7 @@ from chain_helpers import PROBE_PROMPT
 from onnx import numpy_helper
 
 import speculant
+from builders import VOCAB_SIZE
 from speculant.errors import (
     AdmissionError,
     ChainError,
@@ -22,7 +23,6 @@ from speculant.errors import (
     MetadataError,
     RequestError,
 )
-from speculant.fixtures import VOCAB_SIZE
 from speculant.speculative.chained import read_scaled_table
 from speculant.tensors import Value
 

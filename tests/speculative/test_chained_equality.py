@@ -22,7 +22,7 @@ from chain_helpers import (
 )
 
 import speculant
-from speculant.fixtures import EOS_ID, greedy_stream
+from builders import EOS_ID, greedy_stream
 
 DTYPES = ("float32", "float16")
 FORMATS = ("onnx", "textproto")

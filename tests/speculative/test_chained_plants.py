@@ -37,8 +37,8 @@ from chain_helpers import (
 )
 
 import speculant
+from builders import UNK_ID
 from speculant.errors import AdmissionError, ChainError, ContractError, RequestError
-from speculant.fixtures import UNK_ID
 
 K = 4
 

@@ -10,8 +10,8 @@ import pytest
 from chain_helpers import PROBE_PROMPT, SPEC, check_tokens_equal_greedy, run_recorded
 
 import speculant
+from builders import greedy_stream
 from speculant.errors import RequestError
-from speculant.fixtures import greedy_stream
 
 K = 4
 

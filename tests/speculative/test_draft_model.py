@@ -16,8 +16,8 @@ from chain_helpers import MAX_NEW, PROBE_PROMPT, PROMPTS, SPEC
 from proposer_helpers import DRAFT_DEVIATIONS, DRAFT_SPEC
 
 import speculant
+from builders import DEFAULT_DEVIATION_POSITIONS, speculative_trace
 from speculant.errors import RequestError
-from speculant.fixtures import DEFAULT_DEVIATION_POSITIONS, speculative_trace
 from speculant.speculative.draft_model import DraftModelProposer
 
 WIDTHS = (1, 2, 4, 8)

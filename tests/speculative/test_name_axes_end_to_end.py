@@ -7,11 +7,14 @@ import pytest
 from typer.testing import CliRunner
 
 import speculant
-from speculant.cli import app
+from builders import definition as fx
+from builders.trace import greedy_stream
+from builders.writers import write_chained_package
+from speculant.cli import full_app
 from speculant.errors import UnsupportedError
-from speculant.fixtures import definition as fx
-from speculant.fixtures.trace import greedy_stream
-from speculant.fixtures.writers import write_chained_package
+
+app = full_app()
+
 
 
 def test_renamed_package_runs_the_chain(tmp_path):

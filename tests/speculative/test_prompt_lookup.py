@@ -8,9 +8,9 @@ import yaml
 from chain_helpers import MAX_NEW, PROBE_PROMPT, PROMPTS, SPEC
 
 import speculant
+from builders import greedy_stream, speculative_trace, write_decoder_package
+from builders.trace import prompt_lookup_drafts
 from speculant.errors import RequestError
-from speculant.fixtures import greedy_stream, speculative_trace, write_decoder_package
-from speculant.fixtures.trace import prompt_lookup_drafts
 from speculant.speculative.prompt_lookup import lookup_drafts
 
 WIDTHS = (1, 2, 4, 8)

@@ -24,8 +24,8 @@ from proposer_helpers import (
 )
 from test_prompt_lookup import REPETITIVE
 
+from builders import speculative_trace
 from speculant.errors import ContractError, RequestError
-from speculant.fixtures import speculative_trace
 from speculant.speculative.factory import PROPOSERS
 from speculant.tensors import HOST, TensorSeam, Value
 from speculant.tensors.sampling import (

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from speculant.tensors.transfer_guard import forbid_host_transfers
+from builders.transfer_guard import forbid_host_transfers
 
 
 @pytest.fixture

@@ -456,7 +456,7 @@ def test_fence_mode_results_agree(rng) -> None:
 
 # -- the transfer guard -----------------------------------------------------------------------
 def test_transfer_guard_allows_only_the_seam(transfer_guard, cuda_seam, cp, rng) -> None:
-    from speculant.tensors.transfer_guard import TransferGuardError
+    from builders.transfer_guard import TransferGuardError
 
     assert "ndarray.get" in transfer_guard
     hv, dv = both(cuda_seam, random_host(rng, (3, 4), "float32"))

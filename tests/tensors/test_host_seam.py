@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from builders.transfer_guard import TransferGuardError, forbid_host_transfers
 from speculant.errors import ContractError, ResidencyError
 from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value, make_seam
 from speculant.tensors.cuda_interop import (
@@ -27,7 +28,6 @@ from speculant.tensors.cuda_interop import (
     wrap_ort_output,
 )
 from speculant.tensors.host import widen_bfloat16_bits
-from speculant.tensors.transfer_guard import TransferGuardError, forbid_host_transfers
 
 DTYPES = ["float32", "float16", "bfloat16", "int64", "bool"]
 FLOATS = ["float32", "float16", "bfloat16"]

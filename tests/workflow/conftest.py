@@ -1,7 +1,7 @@
 """Fixture packages for the workflow tests, written once per session into temporary folders.
 
 ``decoder_engine(dtype, fmt)`` and ``chained_engine(dtype)`` load (and cache) the hermetic
-fixtures of ``speculant.fixtures``; ``edited_package(name, edit)`` writes a decoder package and
+fixtures of ``builders``; ``edited_package(name, edit)`` writes a decoder package and
 applies ``edit`` to its parsed ``inference_metadata.yaml`` (a one-edit variant); ``passes``
 records what every target pass bound (runtime.md §4) while a test runs.
 """
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import speculant
-from speculant.fixtures.writers import write_chained_package, write_decoder_package
+from builders.writers import write_chained_package, write_decoder_package
 from speculant.session.session import ComponentSession
 from speculant.workflow.target_pass import TargetPass
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 import speculant
+from builders import definition as fx
+from builders.tokenizer import encode
 from speculant import ContractError, RequestError, UnsupportedError
-from speculant.fixtures import definition as fx
-from speculant.fixtures.tokenizer import encode
 
 CONTROLS = ("request.active", "request.done", "request.accepted_len")
 ALIGNED = {"kind": "request_aligned", "axis": 0}

@@ -2,7 +2,7 @@
 (runtime.md §5–§7, §13; evidence.md E2), in float32 and float16, from `.onnx` and
 `.onnx.textproto` artifacts, with every stop condition and its `stats.stop_reason`.
 
-The reference below reads only `speculant.fixtures.definition` (the function the graphs embed);
+The reference below reads only `builders.definition` (the function the graphs embed);
 it does not use the engine, the numpy mirror or `fixtures.trace`.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from speculant.fixtures import definition as fx
-from speculant.fixtures.tokenizer import decode, encode
+from builders import definition as fx
+from builders.tokenizer import decode, encode
 
 DTYPES = ("float32", "float16")
 FORMATS = ("onnx", "textproto")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculant.fixtures import definition as fx
+from builders import definition as fx
 
 PROMPTS = ("def ", "hello world", "a", ")\n", "print(x) ")
 

@@ -1,0 +1,86 @@
+"""The `speculant bench` command, registered onto the `speculant` command (entry point
+``speculant.commands``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from speculant.cli import demo_package, fail, stderr
+from speculant.errors import SpeculantError
+
+bench_app = typer.Typer()
+
+
+@bench_app.command()
+def bench(
+    package: Annotated[Path | None, typer.Argument(help="Package folder (default: the "
+                                                        "bundled demo package).")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    draft: Annotated[Path | None, typer.Option(help="Draft-model package for the draft "
+                                                    "proposer (without it, draft is "
+                                                    "skipped).")] = None,
+    prompts: Annotated[Path | None, typer.Option(help="JSON list of prompts (token-id lists "
+                                                      "or strings); default: the package's "
+                                                      "val_prompts.json, else the bundled "
+                                                      "code snippets.")] = None,
+    new_tokens: Annotated[int, typer.Option(help="Tokens every runner decodes per prompt "
+                                                 "(EOS masked).")] = 32,
+    warmup: Annotated[int, typer.Option(help="Untimed passes over the prompts per "
+                                             "runner.")] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed passes over the prompts per runner "
+                                              "(median and spread).")] = 5,
+    threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads of every "
+                                                     "session (default on CPU: every usable "
+                                                     "CPU).")] = None,
+    proposer: Annotated[list[str] | None, typer.Option(help="Proposer to run (repeatable; "
+                                                            "default: chained, draft, "
+                                                            "prompt_lookup).")] = None,
+    k: Annotated[list[int] | None, typer.Option(help="Drafts per round (repeatable; default: "
+                                                     "1 2 4 8).")] = None,
+    out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.md and the "
+                                           "PNGs.")] = Path("bench-out"),
+    anchors: Annotated[list[str] | None, typer.Option(
+        help="Other runtimes to time in the same run on the same weights: hf (transformers "
+             "generate), genai (onnxruntime-genai); comma-separated or repeated. Skipped with "
+             "the reason when their packages are missing.")] = None,
+    anchor_dir: Annotated[Path | None, typer.Option(
+        help="Keep the anchors' checkpoints and built models here (default: a temporary "
+             "folder).")] = None,
+) -> None:
+    """Time greedy and each proposer at each k side by side; write JSON, Markdown and plots."""
+    import shlex
+
+    from speculant.errors import RequestError
+    from speculant_bench.anchors import parse_anchors
+    from speculant_bench.command import bench as run_bench_command
+    from speculant_bench.run import BenchConfig
+    from speculant_bench.runners import KS, PROPOSERS
+
+    try:
+        anchor_names = parse_anchors(anchors)
+    except ValueError as error:
+        fail(RequestError(str(error), path="--anchors", value=anchors,
+                          expected="hf, genai"))
+        return
+    config = BenchConfig(package or demo_package(), device=device, draft=draft,
+                         prompts_file=prompts, new_tokens=new_tokens, warmup=warmup,
+                         repeats=repeats, threads=threads,
+                         proposers=tuple(proposer or PROPOSERS), ks=tuple(k or KS),
+                         anchors=anchor_names, anchor_dir=anchor_dir)
+    try:
+        report = run_bench_command(config, out, shlex.join(["speculant", *sys.argv[1:]]),
+                                   stderr)
+    except SpeculantError as error:
+        fail(error)
+        return
+    from speculant_bench.report import markdown
+
+    print(markdown(report), end="")
+
+
+def register(app: typer.Typer) -> None:
+    app.registered_commands.extend(bench_app.registered_commands)

@@ -1,0 +1,114 @@
+"""The tools' commands, registered onto the `speculant` command (entry point
+``speculant.commands``): convert, export-hf, scale-target, metadata name-axes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from speculant.cli import fail, stderr
+from speculant.errors import SpeculantError
+
+tools = typer.Typer()
+metadata_app = typer.Typer(no_args_is_help=True, help="Tools for inference_metadata documents.")
+
+GRAPH_HELP = ("The target's graph: auto (fused kernels for float16), fused (also float32: "
+              "CPU only), explicit (node by node).")
+
+
+@tools.command()
+def convert(
+    package: Annotated[Path, typer.Argument(help="Package written by speculant_tools.export.")],
+    out: Annotated[Path, typer.Argument(help="Folder for the rebuilt package.")],
+    dtype: Annotated[str, typer.Option(help="float16 or float32: weights, IO and the "
+                                            "chain's currency.")] = "float16",
+    graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
+) -> None:
+    """Rebuild an exported package's graphs in another dtype."""
+    from speculant_tools.export import convert as convert_package
+
+    try:
+        convert_package(package, out, dtype=dtype, graph=graph)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(escape(f"wrote {out} ({dtype})"), highlight=False)
+
+
+@tools.command("export-hf")
+def export_hf(
+    package: Annotated[Path, typer.Argument(help="Package written by speculant_tools.export.")],
+    out: Annotated[Path, typer.Argument(help="Folder for the Hugging Face checkpoint.")],
+) -> None:
+    """Write an exported package's weights back out as a Hugging Face checkpoint."""
+    from speculant_tools.export import export_hf as write_checkpoint
+
+    try:
+        write_checkpoint(package, out)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(escape(f"wrote {out} (config.json, model.safetensors)"), highlight=False)
+
+
+@tools.command("scale-target")
+def scale_target(
+    package: Annotated[Path, typer.Argument(help="Chained pair written by speculant_tools.export "
+                                                 "(e.g. src/speculant/demo).")],
+    out: Annotated[Path, typer.Argument(help="Folder for the cost-scaled pair (keep it out "
+                                             "of git: the repository ignores /scaled/).")],
+    params: Annotated[str, typer.Option(help="Target parameters: 100M, 1B (or any count "
+                                             "such as 250M, 1.5B).")] = "100M",
+    layers: Annotated[int | None, typer.Option(help="Decoder layers (default: 12 below "
+                                                    "500M parameters, 16 from 500M).")] = None,
+    intermediate: Annotated[int | None, typer.Option(help="MLP width (default: the multiple "
+                                                          "of 256 nearest --params).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+    external_data: Annotated[bool | None, typer.Option(
+        help="Weights in model.onnx.data beside each graph (default: above 1 GiB).")] = None,
+    check_tokens: Annotated[int, typer.Option(help="Greedy and chained tokens to compare "
+                                                   "with the trained pair on the CPU (0: "
+                                                   "skip the check).")] = 16,
+    graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
+) -> None:
+    """Derive a cost-scaled pair with the trained pair's function: wider MLPs, more layers."""
+    from speculant_tools.export.cost_scale import describe
+    from speculant_tools.export.cost_scale import scale_target as scale
+
+    try:
+        result = scale(package, out, params, num_layers=layers,
+                       intermediate_size=intermediate, seed=seed, external_data=external_data,
+                       check_tokens=check_tokens, graph=graph)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(escape(describe(result)), highlight=False)
+
+
+@metadata_app.command("name-axes")
+def name_axes_command(
+    package: Annotated[Path, typer.Argument(help="Package folder or metadata file.")],
+    dry_run: Annotated[bool, typer.Option(help="Report without writing.")] = False,
+) -> None:
+    """Rename sequence-like axes called `sequence` by what they are."""
+    from speculant.package.document import find_metadata
+    from speculant_tools.name_axes import name_axes
+
+    try:
+        path = find_metadata(package) if package.is_dir() else package
+        report = name_axes(path, write=not dry_run)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(str(report), highlight=False)
+
+
+
+
+def register(app: typer.Typer) -> None:
+    for command in tools.registered_commands:
+        app.registered_commands.append(command)
+    app.add_typer(metadata_app, name="metadata")

@@ -1,0 +1,244 @@
+"""The Llama pair's configuration and its weight names (Hugging Face names, exactly).
+
+Target (``LlamaForCausalLM``, tied embeddings), per layer ``i``::
+
+    model.embed_tokens.weight                       [vocab, hidden]
+    model.layers.{i}.input_layernorm.weight         [hidden]
+    model.layers.{i}.self_attn.q_proj.weight        [heads * head_dim, hidden]
+    model.layers.{i}.self_attn.k_proj.weight        [kv_heads * head_dim, hidden]
+    model.layers.{i}.self_attn.v_proj.weight        [kv_heads * head_dim, hidden]
+    model.layers.{i}.self_attn.o_proj.weight        [hidden, heads * head_dim]
+    model.layers.{i}.post_attention_layernorm.weight [hidden]
+    model.layers.{i}.mlp.gate_proj.weight           [intermediate, hidden]
+    model.layers.{i}.mlp.up_proj.weight             [intermediate, hidden]
+    model.layers.{i}.mlp.down_proj.weight           [hidden, intermediate]
+    model.norm.weight                               [hidden]
+
+Chained drafter (one layer without k/v projections; the LM head is the target's table)::
+
+    drafter.in_proj.weight                          [hidden, 2 * hidden]
+    drafter.layer.input_layernorm.weight            [hidden]
+    drafter.layer.self_attn.q_proj.weight           [heads * head_dim, hidden]
+    drafter.layer.self_attn.o_proj.weight           [hidden, heads * head_dim]
+    drafter.layer.post_attention_layernorm.weight   [hidden]
+    drafter.layer.mlp.{gate,up,down}_proj.weight    as the target's, with
+                                                    drafter_intermediate_size
+    drafter.norm.weight                             [hidden]
+
+``drafter_intermediate_size`` defaults to ``intermediate_size``; it differs only where the
+target's MLPs were widened after training (``speculant_tools.export.cost_scale``) and the drafter
+kept its own width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from speculant.errors import SpeculantError
+
+EMBEDDING = "model.embed_tokens.weight"
+LM_HEAD = "lm_head.weight"  # tied: accepted in a state dict only when equal to EMBEDDING
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+class ExportError(SpeculantError):
+    """Weights, configuration or a package cannot be exported, read back or converted."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The sizes of a ``LlamaForCausalLM`` with tied embeddings, no biases, SiLU, plain RoPE."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    max_position_embeddings: int  # the package's context cap and the RoPE table length
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    drafter_intermediate_size: int | None = None  # None: intermediate_size
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.drafter_intermediate_size is None:
+            object.__setattr__(self, "drafter_intermediate_size", self.intermediate_size)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in ("int", "int | None") and (not isinstance(value, int) or value < 1):
+                raise ExportError(f"config.{field.name} must be a positive integer",
+                                  path=f"config.{field.name}", value=value)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ExportError("num_attention_heads must be a multiple of num_key_value_heads",
+                              path="config.num_key_value_heads",
+                              value=(self.num_attention_heads, self.num_key_value_heads))
+        if self.head_dim % 2:
+            raise ExportError("head_dim must be even (RoPE rotates halves)",
+                              path="config.head_dim", value=self.head_dim)
+        if not (self.rms_norm_eps > 0 and self.rope_theta > 0):
+            raise ExportError("rms_norm_eps and rope_theta must be positive",
+                              value=(self.rms_norm_eps, self.rope_theta))
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per KV head (GQA)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    # -- Hugging Face --------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, config: Any) -> LlamaConfig:
+        """From a ``LlamaConfig`` here, a ``transformers`` config object or a ``config.json``
+        mapping. Features outside the exported architecture raise :class:`ExportError`."""
+        if isinstance(config, LlamaConfig):
+            return config
+        data = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+        if not isinstance(data, Mapping):
+            raise ExportError("config must be a mapping or a transformers config",
+                              value=type(config).__name__)
+        _refuse_unsupported(data)
+        rope = data.get("rope_parameters") or {}
+        theta = data.get("rope_theta") or rope.get("rope_theta") or 10000.0
+        try:
+            return cls(vocab_size=data["vocab_size"], hidden_size=data["hidden_size"],
+                       num_hidden_layers=data["num_hidden_layers"],
+                       num_attention_heads=data["num_attention_heads"],
+                       num_key_value_heads=data.get("num_key_value_heads")
+                       or data["num_attention_heads"],
+                       intermediate_size=data["intermediate_size"],
+                       max_position_embeddings=data["max_position_embeddings"],
+                       head_dim=data.get("head_dim"),
+                       rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+                       rope_theta=float(theta))
+        except KeyError as missing:
+            raise ExportError(f"config has no {missing.args[0]!r}", path="config",
+                              expected="a LlamaForCausalLM config") from None
+
+    def to_hf(self, dtype: str = "float32", eos_token_id: int | None = None) -> dict[str, Any]:
+        """``config.json`` of the equivalent ``LlamaForCausalLM``."""
+        return {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+            "hidden_act": "silu", "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+            "rope_scaling": None, "attention_bias": False, "attention_dropout": 0.0,
+            "mlp_bias": False, "tie_word_embeddings": True, "torch_dtype": dtype,
+            "eos_token_id": eos_token_id, "use_cache": True,
+        }
+
+    # -- storage in the graphs -----------------------------------------------------------
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        if data["drafter_intermediate_size"] == self.intermediate_size:
+            del data["drafter_intermediate_size"]  # the default: packages stay as they were
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LlamaConfig:
+        return cls(**json.loads(text))
+
+
+def _refuse_unsupported(data: Mapping[str, Any]) -> None:
+    checks = [
+        ("tie_word_embeddings", data.get("tie_word_embeddings", True), True),
+        ("attention_bias", bool(data.get("attention_bias", False)), False),
+        ("mlp_bias", bool(data.get("mlp_bias", False)), False),
+        ("hidden_act", data.get("hidden_act", "silu"), "silu"),
+        ("rope_scaling.rope_type", _rope_type(data.get("rope_scaling")), "default"),
+        ("rope_parameters.rope_type", _rope_type(data.get("rope_parameters")), "default"),
+    ]
+    for key, value, expected in checks:
+        if value != expected:
+            raise ExportError(f"config.{key} = {value!r} is outside the exported architecture",
+                              path=f"config.{key}", value=value, expected=repr(expected))
+
+
+def _rope_type(rope: Mapping[str, Any] | None) -> str:
+    """``default`` for plain RoPE (no rope parameters, or ``rope_type: default``)."""
+    rope = rope or {}
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
+# -- weight names -------------------------------------------------------------------------
+def _layer_shapes(c: LlamaConfig, prefix: str, with_kv: bool,
+                  intermediate: int | None = None) -> dict[str, tuple[int, ...]]:
+    h, q, kv, f = c.hidden_size, c.num_attention_heads * c.head_dim, \
+        c.num_key_value_heads * c.head_dim, intermediate or c.intermediate_size
+    shapes = {f"{prefix}.input_layernorm.weight": (h,),
+              f"{prefix}.self_attn.q_proj.weight": (q, h)}
+    if with_kv:
+        shapes[f"{prefix}.self_attn.k_proj.weight"] = (kv, h)
+        shapes[f"{prefix}.self_attn.v_proj.weight"] = (kv, h)
+    shapes.update({f"{prefix}.self_attn.o_proj.weight": (h, q),
+                   f"{prefix}.post_attention_layernorm.weight": (h,),
+                   f"{prefix}.mlp.gate_proj.weight": (f, h),
+                   f"{prefix}.mlp.up_proj.weight": (f, h),
+                   f"{prefix}.mlp.down_proj.weight": (h, f)})
+    return shapes
+
+
+def target_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every target weight, in graph order."""
+    shapes = {EMBEDDING: (config.vocab_size, config.hidden_size)}
+    for i in range(config.num_hidden_layers):
+        shapes.update(_layer_shapes(config, f"model.layers.{i}", with_kv=True))
+    shapes["model.norm.weight"] = (config.hidden_size,)
+    return shapes
+
+
+def drafter_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every drafter weight (without the tied LM head)."""
+    h = config.hidden_size
+    shapes = {"drafter.in_proj.weight": (h, 2 * h)}
+    shapes.update(_layer_shapes(config, "drafter.layer", with_kv=False,
+                                intermediate=config.drafter_intermediate_size))
+    shapes["drafter.norm.weight"] = (h,)
+    return shapes
+
+
+def checked_weights(weights: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
+                    dtype: str, what: str) -> dict[str, np.ndarray]:
+    """``weights`` as arrays of ``dtype`` in the order of ``shapes``; a missing, unexpected
+    or misshapen name raises :class:`ExportError` (all of them listed). A tied
+    ``lm_head.weight`` equal to the embedding is dropped."""
+    arrays = {name: np.asarray(value) for name, value in weights.items()}
+    if LM_HEAD in arrays and EMBEDDING in arrays and LM_HEAD not in shapes:
+        if not np.array_equal(arrays[LM_HEAD], arrays[EMBEDDING]):
+            raise ExportError(f"{what}: {LM_HEAD} differs from {EMBEDDING}; the exported "
+                              "architecture ties them", path=LM_HEAD)
+        del arrays[LM_HEAD]
+    missing = [name for name in shapes if name not in arrays]
+    unexpected = sorted(name for name in arrays if name not in shapes)
+    misshapen = [f"{name} {tuple(arrays[name].shape)} (expected {shapes[name]})"
+                 for name in shapes if name in arrays and arrays[name].shape != shapes[name]]
+    problems = [f"missing {', '.join(missing)}"] if missing else []
+    problems += [f"unexpected {', '.join(unexpected)}"] if unexpected else []
+    problems += [f"shape of {', '.join(misshapen)}"] if misshapen else []
+    if problems:
+        raise ExportError(f"{what} do not match the configuration: " + "; ".join(problems))
+    with np.errstate(over="ignore"):  # overflow is reported below, by name
+        cast = {name: np.ascontiguousarray(arrays[name], dtype=DTYPES[check_dtype(dtype)])
+                for name in shapes}
+    non_finite = [name for name, array in cast.items() if not np.isfinite(array).all()]
+    if non_finite:
+        raise ExportError(f"{what}: non-finite values in {dtype}: {', '.join(non_finite)}",
+                          expected="finite values (float16 holds |x| <= 65504)")
+    return cast
+
+
+def check_dtype(dtype: str) -> str:
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype must be one of {tuple(DTYPES)}", path="dtype", value=dtype)
+    return dtype

@@ -1,0 +1,118 @@
+"""The Llama target with ONNX Runtime's fused kernels (float16 by default; float32 on request).
+
+On a GPU a decode pass of the node-by-node graph
+(:func:`speculant_tools.export.graphs.target_graph`,
+about 70 kernels per layer) is bound by ONNX Runtime launching kernels, not by reading the
+weights: the ~1B cost-scaled target took 6.9 ms per pass in float16 on an H200, where its
+2 GB of weights take 0.5 ms to read. This graph computes the same function with about ten
+kernels per layer, the contrib operators ONNX Runtime ships for exactly this:
+
+* ``SimplifiedLayerNormalization`` (RMSNorm, float32 statistics) for the first norm, and
+  ``com.microsoft.SkipSimplifiedLayerNormalization`` for every later one, which adds the
+  residual and normalizes in one kernel (output 0: the normed value, output 3: the sum);
+* one ``MatMul`` against q, k and v packed (the packing is a ``Concat`` of the transposed
+  initializers, folded once when the session is created);
+* ``com.microsoft.GroupQueryAttention`` with rotary embedding inside (``do_rotary``,
+  half-rotation as HF's ``rotate_half``), ``past_key``/``past_value`` ``[b, KV, P, d]`` in
+  and ``present`` ``[b, KV, P + s, d]`` out: the same cache cells as the explicit graph. It
+  takes ``seqlens_k`` (= total length − 1) and ``total_sequence_length``, both computed in
+  the graph from ``attention_mask``, and places rotary at positions ``P + i``.
+
+What it assumes: the attention mask is all ones (what speculant's driver binds: no padding
+in a one-sequence pass) and ``position_ids`` = ``P + i`` (speculant binds exactly that; the
+input stays in the graph's signature, GroupQueryAttention derives the positions itself).
+Weights keep their Hugging Face names and layout, so :func:`~speculant_tools.export.read_weights`
+reads a fused package like any other. ONNX Runtime's GroupQueryAttention has CUDA kernels
+for float16 and bfloat16 only and CPU kernels for float32 and float16, so ``graph="auto"``
+fuses float16 only (it runs everywhere); ``graph="fused"`` also fuses float32, for a package
+meant for the CPU (on CUDA its session is refused, with that remedy); bfloat16 stays node by
+node, for want of CPU kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from speculant_tools.export.config import EMBEDDING, ExportError, LlamaConfig
+from speculant_tools.export.graphs import MS_DOMAIN, _Graph, rope_tables
+
+FUSED_DTYPES = ("float16", "float32")  # bfloat16: ONNX Runtime's CPU kernels lack it
+GRAPHS = ("auto", "fused", "explicit")
+
+
+def fusable(config: LlamaConfig, dtype: str) -> bool:
+    """Whether ONNX Runtime's fused kernels take this target: float16 or float32, and a head
+    size that GroupQueryAttention with rotary accepts (a multiple of 16)."""
+    return dtype in FUSED_DTYPES and config.head_dim % 16 == 0
+
+
+def use_fused(config: LlamaConfig, dtype: str, graph: str = "auto") -> bool:
+    """``graph`` ``auto``: fused for float16 where the kernels take it (it runs on the CPU
+    and on CUDA), node by node otherwise (float32 GroupQueryAttention has no CUDA kernel, and
+    a package does not know its device); ``fused``: fused or an ExportError; ``explicit``:
+    node by node."""
+    if graph not in GRAPHS:
+        raise ExportError(f"graph must be one of {GRAPHS}", path="graph", value=graph)
+    if graph == "fused" and not fusable(config, dtype):
+        raise ExportError(
+            f"no fused target for {dtype} with head_dim {config.head_dim}", path="graph",
+            value=graph, expected=f"a dtype in {FUSED_DTYPES} and a head_dim multiple of 16",
+            remedy="use graph='explicit' (or 'auto')")
+    return graph == "fused" or (graph == "auto" and dtype == "float16"
+                                and fusable(config, dtype))
+
+
+def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
+                       name: str = "target") -> onnx.ModelProto:
+    """The target of :func:`~speculant_tools.export.graphs.target_graph` (same inputs, outputs,
+    weights and cells) with fused kernels; ``dtype`` float16 or float32 (float32 runs on the
+    CPU only: ONNX Runtime has no float32 GroupQueryAttention for CUDA)."""
+    if not fusable(config, dtype):
+        raise ValueError(f"no fused target for {dtype} with head_dim {config.head_dim}: "
+                         f"needs one of {FUSED_DTYPES} and a head_dim multiple of 16")
+    c = config
+    g = _Graph(name, c, dtype, fused_norms=True)
+    # position_ids stays in the signature: GroupQueryAttention places rotary at P + i itself
+    input_ids, mask, _, pasts = g.decoder_inputs(weights)
+    cos, sin = rope_tables(c)  # [max_pos, d] float32, halves duplicated
+    half = c.head_dim // 2
+    storage = weights[EMBEDDING].dtype  # the package dtype's numpy storage
+    cos_cache = g.weight("speculant.rope.cos_cache", cos[:, :half].astype(storage))
+    sin_cache = g.weight("speculant.rope.sin_cache", sin[:, :half].astype(storage))
+
+    # seqlens_k [b] int32 = ones in the mask - 1; total_sequence_length int32 scalar = T
+    seqlens_k = g.op("Cast", [g.op("Sub", [
+        g.op("ReduceSum", [mask, g.const("axis", [1], "int64")], "valid", keepdims=0),
+        g.const("one", 1, "int64")])], "seqlens_k", to=TensorProto.INT32)
+    total = g.op("Cast", [g.dim(mask, 1, "total")], "total_len", to=TensorProto.INT32)
+
+    x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
+    h = g.norm(x, "model.layers.0.input_layernorm.weight")
+    presents = []
+    for i, (past_key, past_value) in enumerate(pasts):
+        prefix = f"model.layers.{i}"
+        attn = f"{prefix}.self_attn"
+        qkv_weight = g.op("Concat", [g.transposed(f"{attn}.{p}_proj.weight") for p in "qkv"],
+                          "qkv_wt", axis=1)  # [hidden, (H + 2 KV) d], folded at load
+        qkv = g.op("MatMul", [h, qkv_weight], "qkv")  # [b, s, (H + 2 KV) d]
+        context, key, value = g.node(
+            "GroupQueryAttention", [qkv, "", "", past_key, past_value, seqlens_k, total,
+                                    cos_cache, sin_cache], 3, "gqa", MS_DOMAIN,
+            num_heads=c.num_attention_heads, kv_num_heads=c.num_key_value_heads,
+            scale=float(c.head_dim ** -0.5), do_rotary=1, rotary_interleaved=0,
+            local_window_size=-1)  # context [b, s, H d]; key, value [b, KV, P + s, d]
+        presents.append((key, value))
+        attended = g.linear(context, f"{attn}.o_proj.weight")
+        h, x = g.add_norm(x, attended, f"{prefix}.post_attention_layernorm.weight")
+        mlp = g.mlp(h, prefix)
+        following = (f"model.layers.{i + 1}.input_layernorm.weight"
+                     if i + 1 < c.num_hidden_layers else "model.norm.weight")
+        h, x = g.add_norm(x, mlp, following)
+    hidden = h  # [b, s, hidden]: the final norm's output
+
+    g.decoder_outputs(hidden, presents)
+    return g.finish("target")

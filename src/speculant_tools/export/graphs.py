@@ -1,0 +1,301 @@
+"""The Llama target and the chained drafter as ONNX graphs, built node by node.
+
+Weights are initializers under their Hugging Face names (``config`` lists them), stored as raw
+bytes in the package dtype; IO is in the package dtype too. RMSNorm, RoPE, the attention
+scores, the softmax and the attention-weighted sum run in float32 (Cast in, Cast out), so
+float16 graphs stay stable. Linear layers multiply by the transpose of the HF weight
+``[out, in]``; ONNX Runtime folds that transpose once when it creates the session.
+
+Attention uses the GQA layout ``[batch, kv_heads, groups, sequence, head_dim]`` for queries
+(query head ``h`` reads KV head ``h // groups``, as HF's ``repeat_kv``) against keys
+``[batch, kv_heads, 1, kv, head_dim]``, so shared KV heads are never copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from speculant_tools.export.config import EMBEDDING, LlamaConfig
+from speculant_tools.onnx_build import GraphBuilder
+
+CONFIG_KEY = "speculant.export.llama_config"  # metadata_props entry: LlamaConfig JSON
+ROLE_KEY = "speculant.export.role"  # metadata_props entry: target | drafter
+PRODUCER = "speculant_tools.export"
+MASKED = float(np.finfo(np.float32).min)  # score of a key a query may not see
+
+MS_DOMAIN = "com.microsoft"
+# Operators only ONNX Runtime defines in the default domain (the ONNX checker rejects them)
+ORT_OPERATORS = frozenset({"SimplifiedLayerNormalization"})
+
+BORROWED_KEY = "shared_kv.key"
+BORROWED_VALUE = "shared_kv.value"
+# Initializer bytes above which a graph is written with external data (protobuf refuses
+# messages over 2 GiB) and checked by path after writing instead of in memory.
+INLINE_LIMIT = 1 << 30
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's inline initializers (raw data, as this module writes them)."""
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def rope_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin ``[max_position_embeddings, head_dim]`` float32, computed as HF's default
+    RoPE does (float32 inverse frequencies, halves duplicated)."""
+    dim = config.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
+    positions = np.arange(config.max_position_embeddings, dtype=np.float32)
+    freqs = np.outer(positions, inv_freq).astype(np.float32)  # [max_ctx, dim / 2]
+    angles = np.concatenate([freqs, freqs], axis=-1)  # [max_ctx, dim]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def uses_ort_operators(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` has an operator only ONNX Runtime defines (a contrib operator)."""
+    return any(node.domain == MS_DOMAIN or node.op_type in ORT_OPERATORS
+               for node in model.graph.node)
+
+
+class _Graph(GraphBuilder):
+    """GraphBuilder plus raw-bytes weights and the decoder-layer blocks. With ``fused_norms``
+    the RMSNorms (and the residual add before one) are ONNX Runtime's fused kernels."""
+
+    def __init__(self, name: str, config: LlamaConfig, dtype: str, *,
+                 fused_norms: bool = False) -> None:
+        super().__init__(name)
+        self.config, self.dtype, self.fused_norms = config, dtype, fused_norms
+
+    def node(self, op_type: str, inputs: list[str], num_outputs: int, hint: str,
+             domain: str = "", keep: tuple[int, ...] | None = None, **attrs) -> list[str]:
+        """A node with several outputs; those not in ``keep`` are left unnamed (unused)."""
+        outputs = [self._fresh(f"{hint}_o{j}") if keep is None or j in keep else ""
+                   for j in range(num_outputs)]
+        self.nodes.append(onnx.helper.make_node(op_type, inputs, outputs,
+                                                name=self._fresh(hint), domain=domain, **attrs))
+        return outputs
+
+    def norm(self, x: str, weight: str) -> str:
+        """RMSNorm(x) * weight: ``SimplifiedLayerNormalization`` (float32 statistics) when
+        the norms are fused, else :meth:`rms_norm` node by node."""
+        if not self.fused_norms:
+            return self.rms_norm(x, weight)
+        return self.node("SimplifiedLayerNormalization", [x, weight], 1, "norm",
+                         epsilon=self.config.rms_norm_eps, axis=-1, stash_type=1)[0]
+
+    def add_norm(self, x: str, delta: str, weight: str) -> tuple[str, str]:
+        """(RMSNorm(x + delta) * weight, x + delta): one
+        ``com.microsoft.SkipSimplifiedLayerNormalization`` when the norms are fused (its
+        output 0 is the normed value, output 3 the sum)."""
+        if not self.fused_norms:
+            total = self.op("Add", [x, delta], "resid")
+            return self.rms_norm(total, weight), total
+        out = self.node("SkipSimplifiedLayerNormalization", [x, delta, weight], 4, "skipnorm",
+                        MS_DOMAIN, keep=(0, 3), epsilon=self.config.rms_norm_eps)
+        return out[0], out[3]
+
+    def transposed(self, weight: str) -> str:
+        """``weight.T`` (folded once when ONNX Runtime creates the session)."""
+        return self.op("Transpose", [weight], "wt", perm=[1, 0])
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def linear(self, x: str, weight: str) -> str:
+        """``x @ weight.T`` for an HF weight ``[out, in]``."""
+        return self.op("MatMul", [x, self.transposed(weight)], weight.rsplit(".", 1)[0])
+
+    def rms_norm(self, x: str, weight: str) -> str:
+        """HF LlamaRMSNorm: normalize in float32, cast back, then scale by the weight."""
+        x32 = self.to_float32(x, self.dtype)
+        mean_square = self.op("ReduceMean", [self.op("Mul", [x32, x32])], "ms", axes=[-1],
+                              keepdims=1)
+        eps = self.const("eps", self.config.rms_norm_eps)
+        inv_rms = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [mean_square, eps])])])
+        normed = self.from_float32(self.op("Mul", [x32, inv_rms], "normed"), self.dtype)
+        return self.op("Mul", [weight, normed], weight.rsplit(".", 1)[0])
+
+    def rope_at(self, position_ids: str) -> tuple[str, str]:
+        """cos, sin ``[b, 1, s, head_dim]`` float32 gathered at ``position_ids`` [b, s]."""
+        cos_table, sin_table = rope_tables(self.config)
+        cos = self.op("Gather", [self.weight("speculant.rope.cos", cos_table), position_ids])
+        sin = self.op("Gather", [self.weight("speculant.rope.sin", sin_table), position_ids])
+        return self.unsqueeze(cos, [1], "cos"), self.unsqueeze(sin, [1], "sin")
+
+    def rotate(self, x32: str, rope: tuple[str, str]) -> str:
+        """``x * cos + rotate_half(x) * sin`` on ``[b, heads, s, head_dim]`` float32."""
+        half = self.config.head_dim // 2
+        first = self.slice_last(x32, 0, half, -1, "x1")
+        second = self.slice_last(x32, half, self.config.head_dim, -1, "x2")
+        rotated = self.op("Concat", [self.op("Neg", [second]), first], "rot", axis=-1)
+        return self.op("Add", [self.op("Mul", [x32, rope[0]]),
+                               self.op("Mul", [rotated, rope[1]])], "roped")
+
+    def heads(self, x: str, num_heads: int) -> str:
+        """``[b, s, heads * head_dim]`` -> ``[b, heads, s, head_dim]``."""
+        split = self.op("Reshape", [x, self.const("dims", [0, 0, num_heads,
+                                                           self.config.head_dim], "int64")])
+        return self.op("Transpose", [split], "bhsd", perm=[0, 2, 1, 3])
+
+    def attention(self, h: str, prefix: str, rope: tuple[str, str], keys: str, values: str,
+                  allowed: str) -> str:
+        """Self-attention output ``[b, s, hidden]`` (after o_proj) of queries from ``h``
+        against ``keys``/``values`` ``[b, kv_heads, T, head_dim]`` (keys already rotated);
+        ``allowed`` ``[b | 1, 1, 1, s | 1, T]`` bool."""
+        c = self.config
+        q = self.heads(self.linear(h, f"{prefix}.self_attn.q_proj.weight"),
+                       c.num_attention_heads)
+        q = self.rotate(self.to_float32(q, self.dtype), rope)  # [b, H, s, d] float32
+        q = self.op("Reshape", [q, self.const("gqa", [0, c.num_key_value_heads, c.num_groups,
+                                                      -1, c.head_dim], "int64")], "q5")
+        k = self.unsqueeze(self.to_float32(keys, self.dtype), [2], "k5")  # [b, KV, 1, T, d]
+        v = self.unsqueeze(self.to_float32(values, self.dtype), [2], "v5")
+        scores = self.op("MatMul", [q, self.op("Transpose", [k], "kt", perm=[0, 1, 2, 4, 3])])
+        scores = self.op("Mul", [scores, self.const("scaling", c.head_dim ** -0.5)], "scores")
+        scores = self.op("Where", [allowed, scores, self.const("masked", MASKED)], "masked")
+        probs = self.op("Softmax", [scores], "probs", axis=-1)  # [b, KV, G, s, T]
+        context = self.op("MatMul", [probs, v], "context")  # [b, KV, G, s, d]
+        context = self.op("Transpose", [context], "bs5", perm=[0, 3, 1, 2, 4])
+        context = self.op("Reshape", [context, self.const("merge", [0, 0, -1], "int64")])
+        return self.linear(self.from_float32(context, self.dtype),
+                           f"{prefix}.self_attn.o_proj.weight")
+
+    def mlp(self, h: str, prefix: str) -> str:
+        gate = self.linear(h, f"{prefix}.mlp.gate_proj.weight")
+        up = self.linear(h, f"{prefix}.mlp.up_proj.weight")
+        act = self.op("Mul", [gate, self.op("Sigmoid", [gate])], "silu")
+        return self.linear(self.op("Mul", [act, up]), f"{prefix}.mlp.down_proj.weight")
+
+    def lm_head(self, h: str) -> str:
+        """Tied LM head: ``h @ embed_tokens.T``."""
+        return self.op("MatMul", [h, self.op("Transpose", [EMBEDDING], "et", perm=[1, 0])],
+                       "logits")
+
+    def decoder_inputs(self, weights: Mapping[str, np.ndarray]
+                       ) -> tuple[str, str, str, list[tuple[str, str]]]:
+        """The target's inputs: ``input_ids`` [b, s], ``attention_mask`` [b, T],
+        ``position_ids`` [b, s], each layer's past key and value [b, KV, P, d]; and its
+        weights as initializers."""
+        c, dtype = self.config, self.dtype
+        input_ids = self.add_input("input_ids", "int64", ("batch", "sequence"))
+        mask = self.add_input("attention_mask", "int64", ("batch", "total_sequence"))
+        position_ids = self.add_input("position_ids", "int64", ("batch", "sequence"))
+        pasts = [(self.add_input(f"past_key_values.{i}.key", dtype,
+                                 _cache_dims(c, "past_sequence")),
+                  self.add_input(f"past_key_values.{i}.value", dtype,
+                                 _cache_dims(c, "past_sequence")))
+                 for i in range(c.num_hidden_layers)]
+        for weight_name, array in weights.items():
+            self.weight(weight_name, array)
+        return input_ids, mask, position_ids, pasts
+
+    def decoder_outputs(self, hidden: str, presents: list[tuple[str, str]]) -> None:
+        """``logits`` (tied head), ``hidden_states`` (after the final norm), and each layer's
+        present key and value [b, KV, T, d]."""
+        c, dtype = self.config, self.dtype
+        self.add_output("logits", self.lm_head(hidden), dtype,
+                        ("batch", "sequence", c.vocab_size))
+        self.add_output("hidden_states", hidden, dtype, ("batch", "sequence", c.hidden_size))
+        for i, (key, value) in enumerate(presents):
+            self.add_output(f"present.{i}.key", key, dtype, _cache_dims(c, "total_sequence"))
+            self.add_output(f"present.{i}.value", value, dtype,
+                            _cache_dims(c, "total_sequence"))
+
+    def finish(self, role: str) -> onnx.ModelProto:
+        inline = sum(len(t.raw_data) for t in self.initializers) <= INLINE_LIMIT
+        model = self.model(check=False)
+        if any(node.domain == MS_DOMAIN for node in self.nodes):
+            model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+        if inline and not uses_ort_operators(model):  # a larger one: checked by path once
+            onnx.checker.check_model(model, full_check=True)  # written; ORT's ops: by ORT
+        model.producer_name = PRODUCER
+        onnx.helper.set_model_props(model, {CONFIG_KEY: self.config.to_json(), ROLE_KEY: role})
+        return model
+
+
+def _cache_dims(config: LlamaConfig, symbol: str) -> tuple:
+    return ("batch", config.num_key_value_heads, symbol, config.head_dim)
+
+
+def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
+                 name: str = "target") -> onnx.ModelProto:
+    """The Llama decoder with explicit past/present KV (``weights`` from
+    :func:`~speculant_tools.export.config.checked_weights`, already in ``dtype``).
+
+    Query ``q`` of the pass (absolute position ``past + q``) sees keys ``<= past + q`` whose
+    attention-mask entry is 1. ``hidden_states`` is the output of the final norm.
+    """
+    c = config
+    g = _Graph(name, c, dtype)
+    input_ids, mask, position_ids, pasts = g.decoder_inputs(weights)
+
+    # Causal mask and padding mask: allowed[b, 1, 1, q, j] = j <= P + q and mask[b, j].
+    num_new = g.dim(input_ids, 1, "num_new")
+    past_len = g.dim(pasts[0][0], 2, "past_len")
+    total_len = g.op("Add", [past_len, num_new], "total_len")
+    one = g.const("one", 1, "int64")
+    query_pos = g.op("Range", [past_len, total_len, one], "query_pos")  # [s]
+    key_pos = g.op("Range", [g.const("zero", 0, "int64"), total_len, one], "key_pos")  # [T]
+    causal = g.op("LessOrEqual", [g.unsqueeze(key_pos, [0]), g.unsqueeze(query_pos, [1])],
+                  "causal")  # [s, T]
+    visible = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL), [1, 2, 3])
+    allowed = g.op("And", [causal, visible], "allowed")  # [b, 1, 1, s, T]
+    rope = g.rope_at(position_ids)
+
+    x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
+    presents = []
+    for i, (past_key, past_value) in enumerate(pasts):
+        prefix = f"model.layers.{i}"
+        h = g.rms_norm(x, f"{prefix}.input_layernorm.weight")
+        k = g.heads(g.linear(h, f"{prefix}.self_attn.k_proj.weight"), c.num_key_value_heads)
+        k = g.from_float32(g.rotate(g.to_float32(k, dtype), rope), dtype)
+        v = g.heads(g.linear(h, f"{prefix}.self_attn.v_proj.weight"), c.num_key_value_heads)
+        key = g.op("Concat", [past_key, k], f"present_{i}_key", axis=2)  # [b, KV, T, d]
+        value = g.op("Concat", [past_value, v], f"present_{i}_value", axis=2)
+        presents.append((key, value))
+        x = g.op("Add", [x, g.attention(h, prefix, rope, key, value, allowed)], "resid")
+        h = g.rms_norm(x, f"{prefix}.post_attention_layernorm.weight")
+        x = g.op("Add", [x, g.mlp(h, prefix)], "resid")
+    hidden = g.rms_norm(x, "model.norm.weight")  # [b, s, hidden]
+
+    g.decoder_outputs(hidden, presents)
+    return g.finish("target")
+
+
+def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
+                  embedding: np.ndarray, dtype: str, name: str = "assistant", *,
+                  fused_norms: bool = False) -> onnx.ModelProto:
+    """The cacheless chained drafter: ``x = in_proj(inputs_embeds)``, one decoder layer whose
+    attention reads the borrowed last-layer KV of the target (every key whose mask entry is
+    1; no causal term), ``drafter.norm`` -> ``projected_state``; logits through the tied
+    table, carried in this graph under the target's name ``model.embed_tokens.weight``.
+    ``fused_norms``: its three norms and two residual adds as ONNX Runtime's fused kernels
+    (with the fused target: the same function in three nodes instead of ~29)."""
+    c = config
+    g = _Graph(name, c, dtype, fused_norms=fused_norms)
+    fused = g.add_input("inputs_embeds", dtype, ("batch", "sequence", 2 * c.hidden_size))
+    position_ids = g.add_input("position_ids", "int64", ("batch", "sequence"))  # [b, s]
+    mask = g.add_input("attention_mask", "int64", ("batch", "kv_sequence"))  # [b, K]
+    key = g.add_input(BORROWED_KEY, dtype, _cache_dims(c, "kv_sequence"))  # [b, KV, K, d]
+    value = g.add_input(BORROWED_VALUE, dtype, _cache_dims(c, "kv_sequence"))
+    g.weight(EMBEDDING, embedding)
+    for weight_name, array in weights.items():
+        g.weight(weight_name, array)
+
+    allowed = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL), [1, 2, 3])
+    rope = g.rope_at(position_ids)
+    x = g.linear(fused, "drafter.in_proj.weight")  # [b, s, hidden]
+    prefix = "drafter.layer"
+    h = g.norm(x, f"{prefix}.input_layernorm.weight")
+    h, x = g.add_norm(x, g.attention(h, prefix, rope, key, value, allowed),
+                      f"{prefix}.post_attention_layernorm.weight")
+    state, _ = g.add_norm(x, g.mlp(h, prefix), "drafter.norm.weight")  # [b, s, hidden]
+
+    g.add_output("logits", g.lm_head(state), dtype, ("batch", "sequence", c.vocab_size))
+    g.add_output("projected_state", state, dtype, ("batch", "sequence", c.hidden_size))
+    return g.finish("drafter")

@@ -1,0 +1,222 @@
+"""``inference_metadata.yaml`` of the exported packages, as plain dicts.
+
+The pair follows metadata.md §8.2 with one state group ``attention`` holding every layer's
+key and value cells (``kv.{i}.key|value``, owned by ``target``); the drafter ``assistant``
+borrows the last layer's two cells through ``read_only`` aliases. The draft-model package
+follows §8.1 (component ``decoder``). Shape symbols: ``sequence`` (tokens of a pass),
+``past_sequence`` (cache it reads), ``total_sequence`` (cache it returns, and the mask),
+``kv_sequence`` (cache the drafter borrows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from speculant_tools.export.config import EMBEDDING, LlamaConfig
+from speculant_tools.export.graphs import BORROWED_KEY, BORROWED_VALUE
+from speculant_tools.writing import CAPABILITIES, contract, opaque_input
+
+GROUP = "attention"
+
+
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What ``package.tokenizer`` declares (the file is copied as ``tokenizer.json``)."""
+
+    algorithm: str  # e.g. "bpe"
+    vocab_size: int  # entries including added tokens
+    byte_level: bool
+    eos_id: int
+    eos_content: str
+
+    def section(self) -> dict[str, Any]:
+        return {"tokenizer": {
+            "algorithm": self.algorithm, "vocab_size": self.vocab_size,
+            "byte_level": self.byte_level, "artifacts": [{"location": "tokenizer.json"}],
+            "special_tokens": {"eos": {"id": self.eos_id, "content": self.eos_content}}}}
+
+
+def _cache(c: LlamaConfig, dtype: str, symbol: str) -> dict[str, Any]:
+    return contract(dtype, ["batch", c.num_key_value_heads, symbol, c.head_dim])
+
+
+def _inputs(c: LlamaConfig, dtype: str) -> dict[str, Any]:
+    inputs: dict[str, Any] = {
+        "request.input_ids": {
+            "contract": contract("int64", ["batch", "sequence"]),
+            "role": {"kind": "runtime", "version": "1.0", "role": "prompt_tokens"},
+            "source": {"kind": "request"}, "required": True},
+        "request.attention_mask": opaque_input("attention_mask",
+                                               contract("int64", ["batch", "total_sequence"])),
+        "request.position_ids": opaque_input("position_ids",
+                                             contract("int64", ["batch", "sequence"]))}
+    for i in range(c.num_hidden_layers):
+        for part in ("key", "value"):
+            inputs[f"request.past.{i}.{part}"] = opaque_input(
+                f"past.{i}.{part}", _cache(c, dtype, "past_sequence"))
+    inputs.update({
+        "request.active": opaque_input("active", contract("bool", ["batch"])),
+        "request.done": opaque_input("done", contract("bool", ["batch"])),
+        "request.accepted_len": opaque_input("accepted_len", contract("int64", ["batch"])),
+        "package.max_context": {
+            "contract": contract("int64", [1], aligned=False), "role": {"kind": "opaque"},
+            "source": {"kind": "literal"}, "required": False,
+            "default": c.max_position_embeddings}})
+    return inputs
+
+
+def _cells(c: LlamaConfig, dtype: str) -> dict[str, Any]:
+    return {f"kv.{i}.{part}": {
+        "contract": _cache(c, dtype, "past_sequence"), "scope": "invocation",
+        "initializer": f"request.past.{i}.{part}",
+        "recurrence": {"kind": "bounded", "axis": 2, "max": "package.max_context"},
+        "management": "runtime", "release_boundary": "invocation", "service_group": GROUP}
+        for i in range(c.num_hidden_layers) for part in ("key", "value")}
+
+
+def _decoder_ports(c: LlamaConfig, dtype: str, with_hidden: bool) -> dict[str, Any]:
+    inputs = {"input_ids": contract("int64", ["batch", "sequence"]),
+              "attention_mask": contract("int64", ["batch", "total_sequence"]),
+              "position_ids": contract("int64", ["batch", "sequence"])}
+    outputs = {"logits": contract(dtype, ["batch", "sequence", c.vocab_size])}
+    roles = {"input_ids": "token_ids", "attention_mask": "attention_mask",
+             "position_ids": "position_ids", "logits": "logits"}
+    if with_hidden:
+        outputs["hidden_states"] = contract(dtype, ["batch", "sequence", c.hidden_size])
+        roles["hidden_states"] = "hidden_states"
+    for i in range(c.num_hidden_layers):
+        for part in ("key", "value"):
+            inputs[f"past_key_values.{i}.{part}"] = _cache(c, dtype, "past_sequence")
+            outputs[f"present.{i}.{part}"] = _cache(c, dtype, "total_sequence")
+    return {"inputs": inputs, "outputs": outputs, "roles": roles}
+
+
+def _decoder_invoke(c: LlamaConfig, component: str, with_hidden: bool) -> dict[str, Any]:
+    inputs = {"input_ids": "request.input_ids", "attention_mask": "request.attention_mask",
+              "position_ids": "request.position_ids"}
+    outputs = {"logits": f"{component}.logits"}
+    if with_hidden:
+        outputs["hidden_states"] = f"{component}.hidden_states"
+    for i in range(c.num_hidden_layers):
+        for part in ("key", "value"):
+            inputs[f"past_key_values.{i}.{part}"] = f"request.past.{i}.{part}"
+            outputs[f"present.{i}.{part}"] = f"{component}.present.{i}.{part}"
+    return {"kind": "invoke", "component": component, "inputs": inputs, "outputs": outputs}
+
+
+def _owner_aliases(c: LlamaConfig) -> dict[str, Any]:
+    return {f"kv.{i}.{part}": {"input": f"past_key_values.{i}.{part}",
+                               "output": f"present.{i}.{part}", "role": part, "layer": i}
+            for i in range(c.num_hidden_layers) for part in ("key", "value")}
+
+
+def _serving(ports: dict[str, Any], rollback_positions: int) -> dict[str, Any]:
+    group = {"kind": "full_attention", "layout": "bnsh", "sequence_axis": 2,
+             "update": {"kind": "append"},
+             "reuse": {"prefix_reusable": True, "evictable_prefix": False},
+             "capabilities": {"rollback_positions": rollback_positions, "snapshot": False,
+                              "fork": False},
+             "ports": ports}
+    return {"active": "request.active", "done": "request.done",
+            "accepted_len": "request.accepted_len",
+            "state_service": {"groups": {GROUP: group}}}
+
+
+def _document(c: LlamaConfig, dtype: str, tokenizer: TokenizerFacts,
+              workflow: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "schema_version": "v1",
+        "model": {"vocab_size": c.vocab_size, "max_sequence_length": c.max_position_embeddings},
+        "package": tokenizer.section(),
+        "pipeline": {"workflow": {
+            "manifest": {"capabilities": list(CAPABILITIES)},
+            "inputs": _inputs(c, dtype),
+            "outputs": {"logits": {
+                "contract": contract(dtype, ["batch", "sequence", c.vocab_size]),
+                "role": "tensor", "stage": "pre_adapter"}},
+            **workflow}},
+        "generation": {"defaults": {"do_sample": False}},
+    }
+
+
+def decoder_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
+                     rollback_positions: int = 8, component: str = "decoder") -> dict[str, Any]:
+    """A plain greedy decoder package (metadata.md §8.1)."""
+    c = config
+    document = _document(c, dtype, tokenizer, {
+        "components": {component: {
+            "implementation": {"kind": "onnx", "artifact": f"{component}/model.onnx"},
+            "ports": _decoder_ports(c, dtype, with_hidden=False)}},
+        "state": _cells(c, dtype),
+        "steps": [_decoder_invoke(c, component, with_hidden=False),
+                  {"kind": "emit", "value": f"{component}.logits", "output": "logits",
+                   "mode": "replace"}],
+        "serving": _serving({component: _owner_aliases(c)}, rollback_positions)})
+    return document
+
+
+def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
+                  scale: float, max_proposal_width: int = 8,
+                  rollback_positions: int = 8) -> dict[str, Any]:
+    """The chained pair (metadata.md §8.2, one group): ``target`` and ``assistant``."""
+    c = config
+    last = c.num_hidden_layers - 1
+    fused = contract(dtype, ["batch", "sequence", 2 * c.hidden_size])
+    borrowed = _cache(c, dtype, "kv_sequence")
+    assistant_ports = {
+        "inputs": {"inputs_embeds": fused,
+                   "position_ids": contract("int64", ["batch", "sequence"]),
+                   "attention_mask": contract("int64", ["batch", "kv_sequence"]),
+                   BORROWED_KEY: borrowed, BORROWED_VALUE: dict(borrowed)},
+        "outputs": {"logits": contract(dtype, ["batch", "sequence", c.vocab_size]),
+                    "projected_state": contract(dtype, ["batch", "sequence", c.hidden_size])},
+        "roles": {"inputs_embeds": "inputs_embeds", "position_ids": "position_ids",
+                  "attention_mask": "attention_mask", "logits": "logits"}}
+    document = _document(c, dtype, tokenizer, {
+        "components": {
+            "target": {"implementation": {"kind": "onnx", "artifact": "target/model.onnx"},
+                       "ports": _decoder_ports(c, dtype, with_hidden=True)},
+            "assistant": {"implementation": {"kind": "onnx",
+                                             "artifact": "assistant/model.onnx"},
+                          "ports": assistant_ports}},
+        "state": _cells(c, dtype),
+        "steps": [
+            _decoder_invoke(c, "target", with_hidden=True),
+            # Declares the chain's bindings; a pass never executes it (runtime.md §9.2).
+            {"kind": "invoke", "component": "assistant", "inputs": {
+                "inputs_embeds": "request.inputs_embeds",
+                "position_ids": "request.position_ids",
+                "attention_mask": "request.attention_mask",
+                BORROWED_KEY: f"target.present.{last}.key",
+                BORROWED_VALUE: f"target.present.{last}.value"},
+             "outputs": {"logits": "draft.logits", "projected_state": "draft.projected_state"}},
+            {"kind": "emit", "value": "target.logits", "output": "logits", "mode": "replace"}],
+        "serving": _serving({
+            "target": _owner_aliases(c),
+            "assistant": {
+                f"kv.{last}.key": {"input": BORROWED_KEY, "access": "read_only",
+                                   "role": "key", "layer": last},
+                f"kv.{last}.value": {"input": BORROWED_VALUE, "access": "read_only",
+                                     "role": "value", "layer": last}}}, rollback_positions)})
+    # The fused input: a zero default keeps the workflow complete; the chain builds it.
+    document["pipeline"]["workflow"]["inputs"]["request.inputs_embeds"] = {
+        "contract": dict(fused), "role": {"kind": "opaque"},
+        "source": {"kind": "application", "name": "inputs_embeds"},
+        "required": False, "default": 0.0}
+    document["speculative"] = {
+        "proposer": "assistant", "target": "target",
+        "vocabulary": {"kind": "identical"},
+        "max_proposal_width": max_proposal_width,
+        "distribution_preserving": True,
+        "proposal_execution": {
+            "kind": "chained", "token_embedding_input": "inputs_embeds",
+            "logits_output": "logits", "folded_carry_output": "projected_state",
+            "folded_carry_seed": {"component": "target", "output": "hidden_states"},
+            "token_embedding": {"component": "target", "table": EMBEDDING,
+                                "scale": float(scale)}},
+        "port_bindings": {"target_hidden_context": "inputs_embeds"},
+        "shared_state": [GROUP],
+        "rollback_state": list(_cells(c, dtype)),
+    }
+    return document

@@ -1,0 +1,314 @@
+"""Write exported packages to disk, read their weights back, rebuild them in another dtype.
+
+    write_pair_package(root, target_weights, config, drafter_weights, "tokenizer.json")
+    write_decoder_package(root, draft_weights, draft_config, "tokenizer.json")
+    config, target_weights, drafter_weights = read_weights(root)   # drafter: None for a decoder
+    convert(root, root_fp16, dtype="float16")
+
+The graphs carry every weight under its Hugging Face name and the :class:`LlamaConfig` as
+model metadata (``speculant.export.llama_config``, the key of the first release), so a
+package is its own checkpoint.
+
+``external_data``: None (the default) writes a graph's weights inline up to
+:data:`~speculant_tools.export.graphs.INLINE_LIMIT` (1 GiB) and beside it above that, in
+``model.onnx.data`` next to ``model.onnx`` (protobuf cannot hold 2 GiB); True or False forces
+one or the other. speculant admits external data that stays inside the package folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from speculant_tools.export.config import (
+    EMBEDDING,
+    ExportError,
+    LlamaConfig,
+    check_dtype,
+    checked_weights,
+    drafter_shapes,
+    target_shapes,
+)
+from speculant_tools.export.fused import fused_target_graph, use_fused
+from speculant_tools.export.graphs import (
+    CONFIG_KEY,
+    INLINE_LIMIT,
+    drafter_graph,
+    initializer_bytes,
+    target_graph,
+    uses_ort_operators,
+)
+from speculant_tools.export.metadata import TokenizerFacts, decoder_metadata, pair_metadata
+from speculant_tools.writing import write_metadata, write_model
+
+DEFAULT_ROLLBACK = 8
+EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "<|end_of_text|>", "<|im_end|>")
+
+
+# -- writing ------------------------------------------------------------------------------
+def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], target_config: Any,
+                       drafter_weights: Mapping[str, Any], tokenizer_json_path: str | Path, *,
+                       dtype: str = "float32", scale: float | None = None,
+                       max_proposal_width: int = 8, eos_id: int | None = None,
+                       rollback_positions: int | None = None,
+                       external_data: bool | None = None, graph: str = "auto") -> Path:
+    """The chained pair: ``target/model.onnx``, ``assistant/model.onnx``,
+    ``inference_metadata.yaml`` (metadata.md §8.2 shape), ``tokenizer.json``.
+
+    ``target_config``: a :class:`LlamaConfig`, a ``transformers`` config or a config.json
+    mapping. ``scale`` defaults to ``sqrt(hidden_size)``; ``rollback_positions`` to
+    ``max(8, max_proposal_width)``; ``eos_id`` to the tokenizer's one special EOS token;
+    ``graph`` picks the target's graph (export/fused.py: ``auto``, ``fused``, ``explicit``).
+    """
+    config = LlamaConfig.from_hf(target_config)
+    dtype = check_dtype(dtype)
+    target = checked_weights(target_weights, target_shapes(config), dtype, "target weights")
+    drafter = checked_weights(drafter_weights, drafter_shapes(config), dtype, "drafter weights")
+    scale = math.sqrt(config.hidden_size) if scale is None else float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ExportError("scale must be a finite number > 0", path="scale", value=scale)
+    rollback = _rollback(rollback_positions, max_proposal_width)
+    root = Path(root)
+    facts = tokenizer_facts(tokenizer_json_path, eos_id)
+    write_graph(target_builder(config, dtype, graph)(config, target, dtype),
+                root / "target" / "model.onnx", external_data)
+    write_graph(drafter_graph(config, drafter, target[EMBEDDING], dtype,
+                              fused_norms=use_fused(config, dtype, graph)),
+                root / "assistant" / "model.onnx", external_data)
+    document = pair_metadata(config, dtype, facts, scale=scale,
+                             max_proposal_width=max_proposal_width, rollback_positions=rollback)
+    write_metadata(document, root, _header("Chained Llama pair", config, dtype))
+    _copy_tokenizer(tokenizer_json_path, root)
+    return root
+
+
+def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: Any,
+                          tokenizer_json_path: str | Path, *, dtype: str = "float32",
+                          eos_id: int | None = None,
+                          rollback_positions: int = DEFAULT_ROLLBACK,
+                          external_data: bool | None = None, graph: str = "auto") -> Path:
+    """A plain greedy decoder package (metadata.md §8.1; component ``decoder``) for a
+    ``LlamaForCausalLM``: the separate draft model."""
+    config = LlamaConfig.from_hf(config)
+    dtype = check_dtype(dtype)
+    arrays = checked_weights(weights, target_shapes(config), dtype, "decoder weights")
+    root = Path(root)
+    facts = tokenizer_facts(tokenizer_json_path, eos_id)
+    write_graph(target_builder(config, dtype, graph)(config, arrays, dtype, name="decoder"),
+                root / "decoder" / "model.onnx", external_data)
+    document = decoder_metadata(config, dtype, facts,
+                                rollback_positions=_rollback(rollback_positions, 1))
+    write_metadata(document, root, _header("Llama greedy decoder", config, dtype))
+    _copy_tokenizer(tokenizer_json_path, root)
+    return root
+
+
+def target_builder(config: LlamaConfig, dtype: str, graph: str = "auto"
+                   ) -> Callable[..., onnx.ModelProto]:
+    """The target graph for ``config`` in ``dtype``: fused kernels (export/fused.py) or node
+    by node, as :func:`~speculant_tools.export.fused.use_fused` decides for ``graph``."""
+    return fused_target_graph if use_fused(config, dtype, graph) else target_graph
+
+
+def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> Path:
+    """Write ``model`` to ``path``: inline, or with every initializer above 1 KiB in
+    ``<name>.data`` beside it (see the module's note on ``external_data``). A graph written
+    with external data is checked by path (``onnx.checker``, full check)."""
+    size = initializer_bytes(model)
+    external = size > INLINE_LIMIT if external_data is None else bool(external_data)
+    data = path.with_name(path.name + ".data")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    if not external:
+        if size >= 1 << 31:
+            raise ExportError(f"{path.name}: {size} bytes of weights do not fit in one "
+                              "protobuf (2 GiB)", file=str(path),
+                              remedy="write it with external_data=True (or None)")
+        return write_model(model, path)
+    onnx.save_model(model, str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location=data.name, size_threshold=1024,
+                    convert_attribute=False)
+    if not uses_ort_operators(model):  # the ONNX checker knows no ONNX Runtime contrib op
+        onnx.checker.check_model(str(path), full_check=True)
+    return path
+
+
+def _rollback(rollback_positions: int | None, max_proposal_width: int) -> int:
+    if not isinstance(max_proposal_width, int) or max_proposal_width < 1:
+        raise ExportError("max_proposal_width must be an integer >= 1",
+                          path="max_proposal_width", value=max_proposal_width)
+    rollback = rollback_positions or max(DEFAULT_ROLLBACK, max_proposal_width)
+    if rollback < max_proposal_width:
+        raise ExportError("rollback_positions must be at least max_proposal_width",
+                          path="rollback_positions", value=rollback,
+                          expected=f">= {max_proposal_width}")
+    return rollback
+
+
+def _header(title: str, c: LlamaConfig, dtype: str) -> str:
+    return (f"{title}, {dtype}. Written by speculant_tools.export: vocab {c.vocab_size}, hidden "
+            f"{c.hidden_size}, {c.num_hidden_layers} layers,\n{c.num_attention_heads} heads x "
+            f"{c.head_dim} ({c.num_key_value_heads} KV heads), intermediate "
+            f"{c.intermediate_size}, context {c.max_position_embeddings}. Initializers carry "
+            "the Hugging Face\nnames; `speculant export-hf` writes the checkpoint back out.")
+
+
+def _copy_tokenizer(path: str | Path, root: Path) -> None:
+    destination = root / "tokenizer.json"
+    if Path(path).resolve() != destination.resolve():
+        shutil.copyfile(path, destination)
+
+
+def tokenizer_facts(path: str | Path, eos_id: int | None = None) -> TokenizerFacts:
+    """``package.tokenizer`` facts of a ``tokenizer.json``; without ``eos_id``, the one added
+    special token named like an EOS (``</s>``, ``<|endoftext|>``, ...)."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # noqa: BLE001 (tokenizers raises a bare Exception)
+        raise ExportError(f"cannot read the tokenizer: {error}", file=str(path)) from None
+    if eos_id is None:
+        found = [t["id"] for t in data.get("added_tokens", [])
+                 if t.get("special") and t.get("content") in EOS_NAMES]
+        if len(found) != 1:
+            raise ExportError("cannot tell the EOS token from the tokenizer", file=str(path),
+                              value=found, expected="one special token among "
+                              + ", ".join(EOS_NAMES), remedy="pass eos_id")
+        eos_id = found[0]
+    content = tokenizer.id_to_token(eos_id)
+    if content is None:
+        raise ExportError("eos_id is not a token of the tokenizer", file=str(path),
+                          value=eos_id)
+    parts = json.dumps([data.get("pre_tokenizer"), data.get("decoder")])
+    return TokenizerFacts(algorithm=str((data.get("model") or {}).get("type", "bpe")).lower(),
+                          vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+                          byte_level="ByteLevel" in parts, eos_id=int(eos_id),
+                          eos_content=content)
+
+
+# -- reading ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PackageSettings:
+    """What a rebuild needs besides the weights, read from the metadata document."""
+
+    dtype: str  # the package dtype (the target's logits port)
+    is_pair: bool
+    target_artifact: Path
+    assistant_artifact: Path | None
+    tokenizer: Path
+    eos_id: int | None
+    scale: float | None
+    max_proposal_width: int | None
+    rollback_positions: int
+
+
+def read_settings(package_root: str | Path) -> PackageSettings:
+    from speculant.package.document import find_metadata, parse_text
+
+    root = Path(package_root)
+    path = find_metadata(root)
+    doc = parse_text(path.read_text(), str(path), is_json=path.suffix == ".json")
+    try:
+        workflow = doc["pipeline"]["workflow"]
+        components = workflow["components"]
+        spec = doc.get("speculative")
+        target = spec["target"] if spec else next(iter(components))
+        groups = workflow["serving"]["state_service"]["groups"]
+        rollback = min(g["capabilities"]["rollback_positions"] for g in groups.values())
+        chain = spec["proposal_execution"] if spec else None
+        eos = doc.get("package", {}).get("tokenizer", {}).get("special_tokens", {}).get("eos")
+        return PackageSettings(
+            dtype=components[target]["ports"]["outputs"]["logits"]["dtype"],
+            is_pair=spec is not None,
+            target_artifact=_artifact(root, components[target]),
+            assistant_artifact=_artifact(root, components[spec["proposer"]]) if spec else None,
+            tokenizer=root / "tokenizer.json", eos_id=eos["id"] if eos else None,
+            scale=chain["token_embedding"].get("scale") if chain else None,
+            max_proposal_width=spec["max_proposal_width"] if spec else None,
+            rollback_positions=rollback)
+    except (KeyError, TypeError, StopIteration) as error:
+        raise ExportError(f"not a package written by speculant_tools.export (no {error})",
+                          file=str(path)) from None
+
+
+def _artifact(root: Path, component: Mapping[str, Any]) -> Path:
+    artifact = component["implementation"]["artifact"]
+    if Path(artifact).is_absolute() or ".." in Path(artifact).parts:
+        raise ExportError("artifact path leaves the package", value=artifact)
+    return root / artifact
+
+
+def _initializers(path: Path) -> tuple[LlamaConfig | None, dict[str, onnx.TensorProto]]:
+    try:
+        model = onnx.load(str(path))
+    except (OSError, DecodeError) as error:
+        raise ExportError(f"cannot read the model: {error}", file=str(path)) from None
+    props = {p.key: p.value for p in model.metadata_props}
+    config = LlamaConfig.from_json(props[CONFIG_KEY]) if CONFIG_KEY in props else None
+    return config, {t.name: t for t in model.graph.initializer}
+
+
+def _arrays(tensors: Mapping[str, onnx.TensorProto], names: list[str],
+            path: Path) -> dict[str, np.ndarray]:
+    missing = [name for name in names if name not in tensors]
+    if missing:
+        raise ExportError(f"the model lacks the weights {', '.join(missing)}", file=str(path))
+    return {name: numpy_helper.to_array(tensors[name]) for name in names}
+
+
+def read_weights(package_root: str | Path) -> tuple[LlamaConfig, dict[str, np.ndarray],
+                                                    dict[str, np.ndarray] | None]:
+    """``(config, target_weights, drafter_weights)`` from the graphs' initializers, exactly
+    as written (the package dtype). ``drafter_weights`` is None for a decoder package."""
+    settings = read_settings(package_root)
+    config, tensors = _initializers(settings.target_artifact)
+    if config is None:
+        raise ExportError(f"the model has no {CONFIG_KEY} metadata (not written by "
+                          "speculant_tools.export)", file=str(settings.target_artifact))
+    target = _arrays(tensors, list(target_shapes(config)), settings.target_artifact)
+    if settings.assistant_artifact is None:
+        return config, target, None
+    _, tensors = _initializers(settings.assistant_artifact)
+    names = list(drafter_shapes(config))
+    drafter = _arrays(tensors, [EMBEDDING, *names], settings.assistant_artifact)
+    if not np.array_equal(drafter.pop(EMBEDDING), target[EMBEDDING]):
+        raise ExportError(f"the drafter's {EMBEDDING} (its tied LM head) differs from the "
+                          "target's", file=str(settings.assistant_artifact))
+    return config, target, drafter
+
+
+def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16", *,
+            external_data: bool | None = None, graph: str = "auto") -> Path:
+    """Rebuild a package written by this module in ``dtype`` (the chain's currency: table,
+    carry and fused port follow it). Scale, widths, EOS and tokenizer are kept."""
+    dtype = check_dtype(dtype)
+    source, out = Path(package_root), Path(out_root)
+    if out.resolve() == source.resolve():
+        raise ExportError("convert writes a new package; out_root is the package itself",
+                          value=str(out))
+    settings = read_settings(source)
+    config, target, drafter = read_weights(source)
+    if drafter is None:
+        return write_decoder_package(out, target, config, settings.tokenizer, dtype=dtype,
+                                     eos_id=settings.eos_id,
+                                     rollback_positions=settings.rollback_positions,
+                                     external_data=external_data, graph=graph)
+    return write_pair_package(out, target, config, drafter, settings.tokenizer, dtype=dtype,
+                              scale=settings.scale,
+                              max_proposal_width=settings.max_proposal_width or 8,
+                              eos_id=settings.eos_id,
+                              rollback_positions=settings.rollback_positions,
+                              external_data=external_data, graph=graph)
