@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from speculant.errors import MetadataError, Problem, ProblemCollector
+from speculant.errors import MetadataError, Problem, ProblemCollector, shown
 from speculant.package.model import (
     Component,
     Document,
@@ -189,7 +189,7 @@ def default_problem(contract: TensorContract, default: object) -> str | None:
         else:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         if not ok:
-            return f"{value!r} ({type(value).__name__}) is not a {contract.dtype} element"
+            return f"{shown(value)} ({type(value).__name__}) is not a {contract.dtype} element"
     if isinstance(default, list):
         dims = contract.dims
         if all(isinstance(d, int) for d in dims):

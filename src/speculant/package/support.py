@@ -8,7 +8,7 @@ them. Each problem names the feature and its document path, and never passes sil
 
 from __future__ import annotations
 
-from speculant.errors import Problem, ProblemCollector, UnsupportedError
+from speculant.errors import Problem, ProblemCollector, UnsupportedError, shown
 from speculant.package.model import FLOAT8_DTYPES, Document, TensorContract, Workflow
 from speculant.package.rules import (
     SUPPORTED_CAPABILITIES,
@@ -83,7 +83,7 @@ def _check_top_level(doc: Document, out: ProblemCollector) -> None:
         for key, neutral in NEUTRAL_DEFAULTS.items():
             value = getattr(defaults, key)
             if value is not None and value not in neutral:
-                _unsupported(out, f"generation.defaults.{key} = {value!r}",
+                _unsupported(out, f"generation.defaults.{key} = {shown(value)}",
                              f"generation.defaults.{key}", value,
                              f"{neutral[0]!r} or absent")
     for key in ("profiles", "adapters", "preprocessing"):
