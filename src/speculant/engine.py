@@ -18,7 +18,7 @@ from speculant.speculative.factory import ProposerSources, make_proposer
 from speculant.speculative.round import run_round
 from speculant.tensors.seam import make_seam, residency_for_device
 from speculant.text.detokenizer import IncrementalDetokenizer
-from speculant.text.tokenizer import load_tokenizer
+from speculant.text.tokenizer import tokenizer_for
 from speculant.workflow.decode import empty_cells, prefill
 from speculant.workflow.request import Request, admit
 from speculant.workflow.sampler import Sampler
@@ -66,8 +66,7 @@ class Engine:
         self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam,
                                          self.vocab_size)
                          if plan.chain is not None and plan.proposer else None)
-        self.tokenizer = load_tokenizer(package.tokenizer_file, eos_token_ids=plan.eos_ids,
-                                        package=str(package.root))
+        self.tokenizer = tokenizer_for(package)  # with its load-time checks
         self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
                                  outputs_on_host=outputs_on_host, threads=threads)
                       if draft is not None else None)
