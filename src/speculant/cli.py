@@ -223,6 +223,8 @@ def main() -> None:
         stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}",
                      highlight=False)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # outside click's own handling (plugin imports)
+        raise SystemExit(130) from None
     except Exception as error:  # noqa: BLE001 (the one catch-all, by design)
         detail = " ".join(str(error).split())[:300]
         stderr.print(f"[bold red]internal error[/]: {type(error).__name__}: {escape(detail)} "

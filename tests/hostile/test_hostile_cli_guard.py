@@ -84,3 +84,11 @@ def test_an_undecodable_prompt_is_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("RequestError:"), lines
+
+
+def test_an_interrupt_while_commands_register_exits_130_quietly(monkeypatch, capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli_module, "full_app", interrupted)
+    code, out, err = run_main(monkeypatch, capsys)
+    assert code == 130 and "Traceback" not in err
