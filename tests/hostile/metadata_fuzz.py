@@ -76,14 +76,19 @@ keys = st.one_of(st.text(max_size=10), st.sampled_from(SPECIAL_TEXT[:8]), st.int
 
 
 # -- structural mutations -----------------------------------------------------------------
-def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
-    """Every path to a node of the tree (the root excluded)."""
+def _paths(root: Any, max_depth: int = 40) -> list[tuple]:
+    """Every path to a node of the tree (the root excluded), down to ``max_depth``."""
     found: list[tuple] = []
-    items = node.items() if isinstance(node, dict) else enumerate(node) \
-        if isinstance(node, list) else ()
-    for key, child in items:
-        found.append(prefix + (key,))
-        found += _paths(child, prefix + (key,))
+    stack: list[tuple[Any, tuple]] = [(root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        if len(prefix) >= max_depth:
+            continue
+        items = node.items() if isinstance(node, dict) else enumerate(node) \
+            if isinstance(node, list) else ()
+        for key, child in items:
+            found.append(prefix + (key,))
+            stack.append((child, prefix + (key,)))
     return found
 
 
@@ -93,14 +98,17 @@ def _parent(doc: Any, path: tuple) -> Any:
     return doc
 
 
-def _strings(node: Any) -> list[str]:
-    if isinstance(node, str):
-        return [node]
-    if isinstance(node, dict):
-        return [s for k, v in node.items() for s in [*_strings(k), *_strings(v)]]
-    if isinstance(node, list):
-        return [s for v in node for s in _strings(v)]
-    return []
+def _strings(root: Any) -> list[str]:
+    found, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            found.append(node)
+        elif isinstance(node, dict):
+            stack += [*node.keys(), *node.values()]
+        elif isinstance(node, list):
+            stack += node
+    return found
 
 
 ALIAS = "__fuzz_alias__"  # replaced by an alias after dumping (text mutation "alias")
@@ -112,7 +120,8 @@ MUTATIONS = ("delete", "retype", "rename", "insert", "duplicate", "swap", "reuse
 def mutated_documents(draw, seeds: dict[str, dict[str, Any]]) -> tuple[str, dict, list[str]]:
     name = draw(st.sampled_from(sorted(seeds)))
     doc = copy.deepcopy(seeds[name])
-    applied = []
+    applied: list[str] = []
+    nest: tuple[tuple, int, bool] | None = None  # path, levels, lists (else mappings)
     for _ in range(draw(st.integers(1, 4))):
         paths = _paths(doc)
         if not paths:
@@ -139,16 +148,23 @@ def mutated_documents(draw, seeds: dict[str, dict[str, Any]]) -> tuple[str, dict
                 pass
         elif kind == "reuse_name":
             parent[key] = draw(st.sampled_from(_strings(doc) or ["x"]))
-        elif kind == "nest":
-            value = parent[key]
-            for _ in range(draw(st.sampled_from([2, 20, 99, 150, 900]))):
-                value = [value] if draw(st.booleans()) else {"n": value}
-            parent[key] = value
+        elif kind == "nest" and nest is None:  # once, after the others (it stays dumpable)
+            nest = (path, draw(st.sampled_from([2, 20, 99, 150, 600])), draw(st.booleans()))
         elif kind == "alias":
             parent[key] = ALIAS
         else:
             continue
         applied.append(f"{kind} {'.'.join(map(str, path))}")
+    if nest is not None:
+        path, levels, as_lists = nest
+        try:
+            parent = _parent(doc, path)
+            value = parent[path[-1]]
+        except (KeyError, IndexError, TypeError):  # a later mutation moved it
+            return name, doc, applied
+        for _ in range(levels):
+            value = [value] if as_lists else {"n": value}
+        parent[path[-1]] = value
     return name, doc, applied
 
 

@@ -30,7 +30,7 @@ from speculant.package.paths import confine
 STEP_KEYS = {"invoke": "one of the keys kind, component, inputs, outputs",
              "emit": "one of the keys kind, value, output, mode, axis, when, valid_length"}
 METADATA_NAMES = ("inference_metadata.yaml", "inference_metadata.yml", "inference_metadata.json")
-MAX_NODES = 1_000_000  # nodes of a document, YAML aliases expanded
+MAX_NODES = 200_000  # nodes of a document, YAML aliases expanded (the demo holds 1,941)
 MAX_DEPTH = 100  # nesting levels of mappings and lists
 
 
