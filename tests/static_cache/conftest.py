@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from static_driver import FORMS
 
 from export.export_models import (
     CONFIG,
@@ -17,10 +18,6 @@ from export.export_models import (
     write_tokenizer,
 )
 from speculant_tools.export import write_decoder_package, write_pair_package
-
-# (dtype, graph): the three target graphs a static package can have
-FORMS = {"scatter-float32": ("float32", "explicit"), "gqa-float16": ("float16", "fused"),
-         "gqa-float32": ("float32", "fused")}
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,9 @@ import onnxruntime as ort
 from speculant_tools.export import LlamaConfig
 from speculant_tools.export.graphs import CONFIG_KEY
 
+# (dtype, graph): the three target graphs a static package can have
+FORMS = {"scatter-float32": ("float32", "explicit"), "gqa-float16": ("float16", "fused"),
+         "gqa-float32": ("float32", "fused")}
 STORAGE = {"float32": np.float32, "float16": np.float16}
 STALE = 7.0  # what the buffers hold before any pass: a slot never written reads as this
 

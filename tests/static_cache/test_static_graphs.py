@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import FORMS
 from static_driver import (
+    FORMS,
     STALE,
     AppendedTarget,
     StaticDrafter,
