@@ -23,7 +23,9 @@ fixed-capacity buffers ``[b, KV, capacity, d]`` and each present is the GroupQue
 node's own output with the capacity shape, so a driver that binds a layer's past and present
 to one buffer gets the block written in place at ``[P, P + s)`` (ONNX Runtime's kernel sees
 equal addresses and skips its copy). ``seqlens_k`` = ``cache_lengths + s − 1`` and
-``total_sequence_length`` = the capacity (a shape, so it is fixed for a CUDA graph).
+``total_sequence_length`` = the capacity (a shape, so it is fixed for a CUDA graph; it is a
+host input of the kernel). Every other value is computed on the device from device inputs, so
+no host-to-device copy sits inside the graph (ONNX Runtime refuses to capture one).
 
 What it assumes: the attention mask is all ones (what speculant's driver binds: no padding
 in a one-sequence pass) and ``position_ids`` = ``P + i`` (speculant binds exactly that; the
@@ -92,7 +94,12 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     sin_cache = g.weight("speculant.rope.sin_cache", sin[:, :half].astype(storage))
 
     if g.is_static:  # seqlens_k [b] = P + s - 1; total_sequence_length = the capacity
-        valid = g.op("Add", [mask, g.dim(input_ids, 1, "num_new")], "valid")  # [b] P + s
+        # s counted on the device (a host scalar from Shape would need a copy: no CUDA graph)
+        ones = g.op("Add", [g.op("Mul", [input_ids, g.const("zero", 0, "int64")]),
+                            g.const("one", 1, "int64")], "ones")  # [b, s]
+        num_new = g.op("ReduceSum", [ones, g.const("axis", [1], "int64")], "num_new",
+                       keepdims=0)  # [b]
+        valid = g.op("Add", [mask, num_new], "valid")  # [b] P + s
         total = g.op("Cast", [g.dim(pasts[0][0], 2, "capacity")], "total_len",
                      to=TensorProto.INT32)
     else:  # seqlens_k [b] int32 = ones in the mask - 1; total_sequence_length int32 = T

@@ -231,16 +231,21 @@ class _Graph(GraphBuilder):
                 else:
                     self.add_output(name, value, dtype, _cache_dims(c, total))
 
+    def slots(self, value: str, axis: int, hint: str) -> str:
+        """``[0, extent)`` int64 for the extent of ``value`` on ``axis``: a window of one
+        ``arange`` initializer sliced by the shape, so it is computed on the device that runs
+        the graph (no host scalar feeds a device node: nothing breaks a CUDA graph)."""
+        if not hasattr(self, "_arange"):
+            self._arange = self.weight("speculant.slots", np.arange(
+                self.config.max_position_embeddings, dtype=np.int64))
+        extent = self.op("Shape", [value], f"{hint}_extent", start=axis, end=axis + 1)
+        return self.op("Slice", [self._arange, self.const("zero", [0], "int64"), extent], hint)
+
     def static_positions(self, lengths: str, input_ids: str, buffer: str) -> tuple[str, str]:
         """Static form: the block's positions ``P + [0, s)`` [s] and the key slots
         ``[0, capacity)`` [capacity], int64, from ``cache_lengths`` [b] (one sequence)."""
-        one = self.const("one", 1, "int64")
-        start = self.squeeze(lengths, [0], "start")  # P
-        end = self.op("Add", [start, self.dim(input_ids, 1, "num_new")], "end")
-        query_pos = self.op("Range", [start, end, one], "query_pos")
-        key_pos = self.op("Range", [self.const("zero", 0, "int64"),
-                                    self.dim(buffer, 2, "capacity"), one], "key_pos")
-        return query_pos, key_pos
+        query_pos = self.op("Add", [lengths, self.slots(input_ids, 1, "block")], "query_pos")
+        return query_pos, self.slots(buffer, 2, "key_pos")
 
     def scatter_block(self, buffer: str, block: str, query_pos: str) -> str:
         """Static form: ``buffer`` [b, KV, capacity, d] with ``block`` [b, KV, s, d] written
@@ -348,8 +353,7 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
         g.weight(weight_name, array)
 
     if g.is_static:  # allowed[b, 1, 1, 1, j] = j < cache_lengths[b]
-        slots = g.op("Range", [g.const("zero", 0, "int64"), g.dim(key, 2, "capacity"),
-                               g.const("one", 1, "int64")], "slots")  # [capacity]
+        slots = g.slots(key, 2, "slots")  # [capacity]
         allowed = g.unsqueeze(g.op("Less", [g.unsqueeze(slots, [0]),
                                             g.unsqueeze(lengths, [1])], "valid"), [1, 2, 3])
     else:
