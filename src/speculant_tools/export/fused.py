@@ -100,13 +100,12 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
         num_new = g.op("ReduceSum", [ones, g.const("axis", [1], "int64")], "num_new",
                        keepdims=0)  # [b]
         valid = g.op("Add", [mask, num_new], "valid")  # [b] P + s
-        total = g.op("Cast", [g.dim(pasts[0][0], 2, "capacity")], "total_len",
-                     to=TensorProto.INT32)
     else:  # seqlens_k [b] int32 = ones in the mask - 1; total_sequence_length int32 = T
         valid = g.op("ReduceSum", [mask, g.const("axis", [1], "int64")], "valid", keepdims=0)
-        total = g.op("Cast", [g.dim(mask, 1, "total")], "total_len", to=TensorProto.INT32)
     seqlens_k = g.op("Cast", [g.op("Sub", [valid, g.const("one", 1, "int64")])], "seqlens_k",
                      to=TensorProto.INT32)
+    total = g.op("Cast", [g.dim(pasts[0][0], 2, "capacity") if g.is_static
+                          else g.dim(mask, 1, "total")], "total_len", to=TensorProto.INT32)
 
     x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
     h = g.norm(x, "model.layers.0.input_layernorm.weight")

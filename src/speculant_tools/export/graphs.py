@@ -76,6 +76,7 @@ class _Graph(GraphBuilder):
             raise ValueError(f"cache must be one of {CACHES}, not {cache!r}")
         self.config, self.dtype, self.fused_norms = config, dtype, fused_norms
         self.is_static = cache == "static"
+        self._arange: str | None = None  # static form: the `speculant.slots` initializer
 
     def rename(self, value: str, name: str) -> str:
         """Give the value ``value`` the name ``name`` wherever it appears (a graph output
@@ -235,7 +236,7 @@ class _Graph(GraphBuilder):
         """``[0, extent)`` int64 for the extent of ``value`` on ``axis``: a window of one
         ``arange`` initializer sliced by the shape, so it is computed on the device that runs
         the graph (no host scalar feeds a device node: nothing breaks a CUDA graph)."""
-        if not hasattr(self, "_arange"):
+        if self._arange is None:
             self._arange = self.weight("speculant.slots", np.arange(
                 self.config.max_position_embeddings, dtype=np.int64))
         extent = self.op("Shape", [value], f"{hint}_extent", start=axis, end=axis + 1)
