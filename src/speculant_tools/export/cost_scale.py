@@ -229,7 +229,8 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
     result = ScaleResult(out, scaled, config, parameter_count(scaled), parameter_count(config),
                          layer_order(config.num_hidden_layers, scaled.num_hidden_layers), check)
     (out / RECORD).write_text(json.dumps({"source": str(source), "params": str(params),
-                                          "shape": shape, "seed": seed, **result.record()},
+                                          "shape": shape, "cache": read_settings(out).cache,
+                                          "seed": seed, **result.record()},
                                          indent=2) + "\n")
     if check is not None and not (check["greedy_equal"]
                                   and check["chained_trace_equal"] is not False):
