@@ -137,7 +137,8 @@ class StaticDrafter:
     def step(self, target: StaticTarget, fused: np.ndarray, position: int,
              length: int) -> np.ndarray:
         """One step on ``fused`` [1, 1, 2H] at ``position``, reading slots ``[0, length)``
-        of the target's last layer; returns logits [vocab] float32."""
+        of the target's last layer; returns logits [vocab] float32 (and keeps
+        ``self.state``, the projected state [1, 1, H], the next step's carry)."""
         layer = 0 if self.defect == "wrong_layer" else target.config.num_hidden_layers - 1
         binding = self.session.io_binding()
         binding.bind_cpu_input("inputs_embeds", fused)
@@ -148,7 +149,8 @@ class StaticDrafter:
         binding.bind_output("logits")
         binding.bind_output("projected_state")
         self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()[0, -1].astype(np.float32)
+        logits, self.state = (value.numpy() for value in binding.get_outputs())
+        return logits[0, -1].astype(np.float32)
 
 
 def appended_drafter_step(root: Path, reference: AppendedTarget, fused: np.ndarray,
@@ -171,3 +173,39 @@ def greedy(model, prompt: list[int], num_new: int) -> list[int]:
         token = int(np.argmax(model.run([token])[-1]))
         tokens.append(token)
     return tokens
+
+
+def chained(target: StaticTarget, drafter: StaticDrafter, table: np.ndarray, prompt: list[int],
+            num_new: int, k: int) -> tuple[list[int], int]:
+    """Greedy speculative decoding with the chained drafter on static caches (runtime.md
+    §5, §8–§12 with every rollback a length change): ``table`` [V, H] is the embedding table
+    already scaled, in the currency. Returns the committed tokens and the drafts accepted."""
+    logits = target.run(list(prompt))
+    hidden = target.last_outputs["hidden_states"].numpy()  # [1, n, H]
+    pending, out, num_accepted = int(np.argmax(logits[-1])), [], 0
+    seed, carry, length = prompt[-1], hidden[:, -1:], len(prompt)  # the chain context
+    out.append(pending)
+    while len(out) < num_new:
+        last, step_carry, drafts = seed, carry, []
+        for j in range(k + 1):  # the bootstrap step, then k drafts
+            fused = np.concatenate([table[last][None, None], step_carry], axis=-1)
+            row = drafter.step(target, fused, length - 1, length)
+            step_carry = drafter.state
+            if j == 0:
+                last = pending
+            else:
+                last = int(np.argmax(row))
+                drafts.append(last)
+        block, start = [pending, *drafts], target.length
+        rows = target.run(block)  # the verify pass: slots [start, start + k + 1)
+        hidden = target.last_outputs["hidden_states"].numpy()
+        choices = [int(np.argmax(r)) for r in rows]
+        kept = 1
+        while kept <= k and block[kept] == choices[kept - 1]:
+            kept += 1
+        num_accepted += kept - 1
+        out += [*block[1:kept], choices[kept - 1]]
+        target.rollback(start + kept)  # the rejected drafts' slots stay, masked
+        seed, carry, length = block[kept - 1], hidden[:, kept - 1:kept], start + kept
+        pending = choices[kept - 1]
+    return out[:num_new], num_accepted

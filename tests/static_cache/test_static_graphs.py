@@ -5,16 +5,21 @@ k-token pass equal to k one-token passes, rollback as a length change; and plant
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 from static_driver import (
     FORMS,
     STALE,
+    STORAGE,
     AppendedTarget,
     StaticDrafter,
     StaticTarget,
     appended_drafter_step,
+    chained,
     greedy,
 )
 
@@ -212,3 +217,74 @@ def test_weights_are_the_same_in_both_forms(pairs):
         for name, array in TARGET_WEIGHTS.items():
             np.testing.assert_array_equal(target[name], array.astype(storage))
         assert drafter.keys() == DRAFTER_WEIGHTS.keys()
+
+
+@pytest.fixture(scope="module")
+def demo_static(tmp_path_factory):
+    """The bundled demo pair (trained weights) rebuilt with static caches in both graphs."""
+    from speculant_tools.export import convert
+
+    base = tmp_path_factory.mktemp("demo-static")
+    return {"scatter-float32": convert(DEMO, base / "f32", "float32", graph="explicit",
+                                       cache="static"),
+            "gqa-float16": convert(DEMO, base / "f16", "float16", cache="static")}
+
+
+DEMO = Path(speculant.__file__).parent / "demo"
+
+
+def first_prompt() -> list[int]:
+    data = json.loads((DEMO / "val_prompts.json").read_text())
+    first = (data["prompts"] if isinstance(data, dict) else data)[0]
+    return first["prompt"] if isinstance(first, dict) else first
+
+
+def scaled_table(root, dtype: str) -> np.ndarray:
+    """The chain's table: the target's embedding times the package's scale, once, rounded
+    to the currency (runtime.md §9.3)."""
+    from speculant_tools.export import read_weights
+    from speculant_tools.export.package import read_settings
+
+    _, weights, _ = read_weights(root)
+    scale = np.float32(np.asarray(read_settings(root).scale, dtype=STORAGE[dtype]))
+    table = weights["model.embed_tokens.weight"].astype(np.float32) * scale
+    return table.astype(STORAGE[dtype])
+
+
+@pytest.mark.parametrize("form", ["scatter-float32", "gqa-float16"])
+def test_chained_speculation_on_static_caches_equals_greedy(demo_static, form, tmp_path):
+    """The demo pair with static caches, driven by raw ONNX Runtime through whole chained
+    rounds (the drafter borrowing the target's buffers, every rollback a length change):
+    the tokens equal speculant's greedy on the appended pair, drafts are accepted and
+    rejected."""
+    from speculant_tools.export import convert
+
+    root = demo_static[form]
+    dtype = FORMS[form][0]
+    appended = DEMO if dtype == "float32" else convert(DEMO, tmp_path / "f16", "float16")
+    prompt = first_prompt()
+    want = speculant.load(appended).generate(prompt, 40, stop_on_eos=False).token_ids
+    table = scaled_table(root, dtype)
+    target = StaticTarget(root, capacity=128)
+    got, num_accepted = chained(target, StaticDrafter(root), table, prompt, 40, k=4)
+    assert got == want
+    assert 0 < num_accepted < 40 - 1  # drafts accepted, and some rejected (rolled back)
+
+
+@pytest.mark.parametrize("defect", ["stale_length", "wrong_layer"])
+def test_a_planted_defect_breaks_chained_speculation(demo_static, defect):
+    """The same rounds with a stale length after rollback, or a drafter borrowing layer 0:
+    the committed tokens leave greedy (stale length) or no draft survives verification as
+    often (wrong layer): either way the run above would fail."""
+    root = demo_static["scatter-float32"]
+    prompt = first_prompt()
+    want = speculant.load(DEMO).generate(prompt, 40, stop_on_eos=False).token_ids
+    table = scaled_table(root, "float32")
+    good = chained(StaticTarget(root, 128), StaticDrafter(root), table, prompt, 40, k=4)
+    target = StaticTarget(root, 128, defect=defect if defect == "stale_length" else None)
+    drafter = StaticDrafter(root, defect=defect if defect == "wrong_layer" else None)
+    got, num_accepted = chained(target, drafter, table, prompt, 40, k=4)
+    if defect == "stale_length":
+        assert got != want
+    else:  # the tokens stay the target's; the drafts no longer read the right context
+        assert got == want and num_accepted < good[1]
