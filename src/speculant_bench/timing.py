@@ -2,8 +2,9 @@
 
 `InvokeClock` observes every session of an engine (its components', and its draft model's)
 through the session's timing hook (``ComponentSession.observers``; nothing is patched): the
-target's session counts as *target* time, every other session as *proposer* time. `verify_width_curve` times
-target passes of growing block size over one fixed cache, straight through `engine.target.run`.
+target's session counts as *target* time, every other session as *proposer* time.
+`verify_width_curve` times target passes of growing block size over one fixed cache, straight
+through `engine.target.run`.
 """
 
 from __future__ import annotations
