@@ -102,8 +102,6 @@ class ComponentSession:
         self.seam = seam
         self.observers: list[Observer] = []
         providers = provider_for(device, seam, use_tf32=use_tf32)
-        self.backend = seam.backend(device)  # the execution device's
-        self.output_backend = seam.backend(self.output_residency)
         options = ort.SessionOptions()
         options.log_severity_level = 3
         if threads is not None:
@@ -122,6 +120,8 @@ class ComponentSession:
                 f"{self.session.get_providers()}", value=device,
                 remedy="check the CUDA and cuDNN libraries (onnxruntime.preload_dlls()), or "
                 "load with device='cpu'")
+        self.backend = seam.backend(device)  # the execution device's
+        self.output_backend = seam.backend(self.output_residency)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.output_dtypes = {o.name: dtype_of_ort(o.type) or o.type
                               for o in self.session.get_outputs()}
