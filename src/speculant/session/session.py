@@ -74,7 +74,8 @@ def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
         ort.preload_dlls()
     ordinal = int(device.split(":")[1]) if ":" in device else 0
     options = {"device_id": str(ordinal), "use_tf32": "1" if use_tf32 else "0"}
-    options.update(stream_provider_options(seam.backend(device), device))
+    residency = f"cuda:{ordinal}"
+    options.update(stream_provider_options(seam.backend(residency), residency))
     return [("CUDAExecutionProvider", options)]
 
 
