@@ -108,7 +108,8 @@ class TensorSeam:
         """
         with contextlib.ExitStack() as stack:
             for backend in self._backends.values():
-                stack.enter_context(backend.write_batch())
+                if backend is not self.host:  # host writes are done when their call returns
+                    stack.enter_context(backend.write_batch())
             yield
 
     # -- dispatch -------------------------------------------------------------------------
