@@ -4,16 +4,19 @@ the binding made once and the contracts checked once, when the plan is made."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
+from onnx import helper
 
 import speculant
 from builders import encode
 from builders.writers import write_decoder_package
 from speculant.errors import ContractError
+from speculant.package.model import Ports, TensorContract
 from speculant.session import contracts
 from speculant.session.plan import PassPlan
-from speculant.session.session import Invocation
-from speculant.tensors import Value
+from speculant.session.session import ComponentSession, Invocation
+from speculant.tensors import HOST, TensorSeam, Value
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +115,54 @@ def test_observers_see_planned_runs(decoder):
     finally:
         session.observers.remove(calls.append)
     assert len(calls) == 1 and calls[0].inputs is plan.inputs and calls[0].seconds > 0
+
+
+def scatter_session() -> ComponentSession:
+    """``present = ScatterND(past, indices, updates)``: a fixed-capacity cache of 8 cells
+    written at ``indices`` (the standard's indexed-scatter form)."""
+    float_, int64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    graph = helper.make_graph(
+        [helper.make_node("ScatterND", ["past", "indices", "updates"], ["present"])], "cache",
+        [helper.make_tensor_value_info("past", float_, [8]),
+         helper.make_tensor_value_info("indices", int64, ["n", 1]),
+         helper.make_tensor_value_info("updates", float_, ["n"])],
+        [helper.make_tensor_value_info("present", float_, [8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    cache = TensorContract(dtype="float32", rank=1, shape=[8])
+    ports = Ports(inputs={"past": cache,
+                          "indices": TensorContract(dtype="int64", rank=2, shape=["n", 1]),
+                          "updates": TensorContract(dtype="float32", rank=1, shape=["n"])},
+                  outputs={"present": cache})
+    return ComponentSession("cache", model.SerializeToString(), ports, HOST, TensorSeam())
+
+
+def test_a_shared_output_writes_its_input_buffer_in_place():
+    session = scatter_session()
+    first = {"past": Value.host(np.zeros(8, np.float32)),
+             "indices": Value.host(np.array([[2]], np.int64)),
+             "updates": Value.host(np.array([5.0], np.float32))}
+    plan = PassPlan.prepare(session, first, shared={"present": "past"})
+    cache = plan.inputs["past"]
+    assert plan.outputs["present"] is cache  # one buffer: the pass writes its block in place
+    expected = session.invoke(first)["present"]
+    assert plan.run()["present"].data.tobytes() == expected.data.tobytes()
+    for position, number in [(4, 7.0), (0, -1.0)]:
+        plan.write("indices", np.array([[position]], np.int64))
+        plan.write("updates", np.array([number], np.float32))
+        expected = session.invoke({"past": Value.host(np.array(expected.data)),
+                                   "indices": plan.inputs["indices"],
+                                   "updates": plan.inputs["updates"]})["present"]
+        assert plan.run()["present"].data.tobytes() == expected.data.tobytes()
+    assert cache.data.tolist() == [-1, 0, 5, 0, 7, 0, 0, 0]
+
+
+def test_a_shared_output_needs_its_inputs_shape():
+    session = scatter_session()
+    inputs = {"past": Value.host(np.zeros(8, np.float32)),
+              "indices": Value.host(np.array([[2]], np.int64)),
+              "updates": Value.host(np.array([5.0], np.float32))}
+    with pytest.raises(ContractError, match="cannot share one buffer"):
+        PassPlan.prepare(session, inputs, shared={"present": "updates"})
+    with pytest.raises(ContractError, match="cannot write output 'logits'"):
+        PassPlan.prepare(session, inputs, shared={"logits": "past"})

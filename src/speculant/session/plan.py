@@ -17,15 +17,24 @@ What making the plan does:
    outputs' shapes, so every later run is known to satisfy the contracts;
 2. allocates one owned buffer per input (on the component's execution device; a copy of the
    given value) and per output (on the session's output residency), through the seam;
-3. binds them all, by pointer, into one IO binding kept for the plan's life.
+3. binds them all into one IO binding kept for the plan's life (device buffers by pointer,
+   host buffers as the numpy arrays ONNX Runtime reads in place at each run).
+
+``shared={"present.0.key": "past_key_values.0.key", ...}`` binds an output into the buffer
+of an input of the same shape and dtype instead of a buffer of its own: a static cache whose
+pass writes its block in place (ONNX Runtime's GroupQueryAttention with past and present
+sharing one buffer, an indexed scatter). Only for graphs written for it: ONNX Runtime does
+not check that a kernel tolerates the alias.
 
 A run then is ORT's ``run_with_iobinding`` on that binding: no binding, no contract check, no
 output adoption. :meth:`PassPlan.write` checks only that the new value has the buffer's shape
 and dtype (which is what keeps the plan-time check valid) and copies it in through the seam
 (on a device: a host value is adopted first, an upload). Outputs are the plan's buffers:
 each run overwrites them, so a caller keeps what it needs before the next run. A pass of
-another width needs a plan of its own (a dict of plans by width). The observers of the
-session are told of each run, as of an invocation.
+another width needs a plan of its own (a dict of plans by width). With appended caches the
+past's extent grows every pass, so a plan pays off where shapes repeat: fixed-capacity
+caches, or a component whose inputs are fixed per width. The observers of the session are
+told of each run, as of an invocation.
 """
 
 from __future__ import annotations
@@ -62,20 +71,43 @@ class PassPlan:
 
     @classmethod
     def prepare(cls, session: ComponentSession, inputs: Mapping[str, Value],
-                outputs: Sequence[str] | None = None) -> PassPlan:
+                outputs: Sequence[str] | None = None, *,
+                shared: Mapping[str, str] | None = None) -> PassPlan:
         """The plan of ``session`` for the shapes of ``inputs`` (port -> Value, whose contents
         become the buffers' first contents); ``outputs``: the ports to produce (default: all
-        the component declares). Contract violations raise here, as ``invoke`` raises them."""
+        the component declares); ``shared``: output port -> the input port whose buffer it is
+        written into. Contract violations raise here, as ``invoke`` raises them."""
         produced = session.invoke(inputs, outputs)  # checks every input and output contract
+        shared = dict(shared or {})
+        for output, source in shared.items():
+            cls._check_shared(session, output, source, produced, inputs)
         seam = session.seam
         buffers = {}
         with seam.write_batch():
             for port, value in inputs.items():
                 buffer = seam.zeros(value.shape, value.dtype, session.device)
                 buffers[port] = cls._fill(session, port, buffer, value)
-            targets = {port: seam.zeros(value.shape, value.dtype, session.output_residency)
+            targets = {port: buffers[shared[port]] if port in shared else
+                       seam.zeros(value.shape, value.dtype, session.output_residency)
                        for port, value in produced.items()}
         return cls(session, buffers, targets)
+
+    @staticmethod
+    def _check_shared(session: ComponentSession, output: str, source: str,
+                      produced: Mapping[str, Value], inputs: Mapping[str, Value]) -> None:
+        where = f"pass plan of component '{session.name}'"
+        if output not in produced or source not in inputs:
+            raise ContractError(
+                f"{where}: cannot write output '{output}' into input '{source}': the plan "
+                f"produces {sorted(produced)} from {sorted(inputs)}", path=output,
+                expected="an output port of the plan and an input port of it")
+        got, into = produced[output], inputs[source]
+        if got.shape != into.shape or got.dtype != into.dtype:
+            raise ContractError(
+                f"{where}: output '{output}' is {got.describe()}, input '{source}' is "
+                f"{into.describe()}: they cannot share one buffer", path=output,
+                value=got.shape, expected=f"{list(into.shape)} {into.dtype} (a "
+                "fixed-capacity cache whose present has its past's shape)")
 
     def write(self, port: str, source: Value | np.ndarray) -> None:
         """Copy ``source`` (a Value, or a host array of the buffer's numpy dtype) into the

@@ -25,12 +25,15 @@ def window_is_view(shape: Sequence[int], axis: int, length: int) -> bool:
     return math.prod(shape[:axis]) == 1 or length == shape[axis]
 
 
+_NAME_OF_NUMPY = {np_dtype: name for name, np_dtype in NUMPY_DTYPES.items()}
+
+
 def dtype_of_numpy(array_dtype: np.dtype) -> str:
     """The metadata dtype name of a numpy dtype (bfloat16 through ml_dtypes)."""
-    for name, np_dtype in NUMPY_DTYPES.items():
-        if np_dtype == array_dtype:
-            return name
-    raise TypeError(f"numpy dtype {array_dtype} has no metadata dtype")
+    name = _NAME_OF_NUMPY.get(np.dtype(array_dtype))
+    if name is None:
+        raise TypeError(f"numpy dtype {array_dtype} has no metadata dtype")
+    return name
 
 
 @dataclass(eq=False)
