@@ -89,10 +89,12 @@ def test_a_write_of_another_shape_or_port_is_refused(decoder):
     session, passes = decoder
     plan = PassPlan.prepare(session, passes[1])
     token_port = port_of(session, "token_ids")
-    with pytest.raises(ContractError, match=r"planned as \[1, 1\] int64, got \[1, 2\] int64"):
+    with pytest.raises(ContractError, match=r"as \[1, 1\] int64, got a host array \[1, 2\]"):
         plan.write(token_port, np.zeros((1, 2), np.int64))
     with pytest.raises(ContractError, match=r"planned as \[1, 1\] int64, got \[1, 1\] int32"):
-        plan.write(token_port, np.zeros((1, 1), np.int32))
+        plan.write(token_port, Value.host(np.zeros((1, 1), np.int32)))
+    with pytest.raises(ContractError, match=r"got a host array \[1, 1\] float64"):
+        plan.write(token_port, np.zeros((1, 1), np.float64))
     with pytest.raises(ContractError, match="has no input 'nope'"):
         plan.write("nope", np.zeros((1, 1), np.int64))
 

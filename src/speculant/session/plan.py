@@ -47,7 +47,7 @@ import numpy as np
 from speculant.errors import ContractError
 from speculant.session.binding import bind_input, bind_output, run_bound
 from speculant.session.session import ComponentSession, Invocation
-from speculant.tensors import Value
+from speculant.tensors import NUMPY_DTYPES, Value
 
 
 class PassPlan:
@@ -116,12 +116,17 @@ class PassPlan:
         if buffer is None:
             raise ContractError(f"pass plan of component '{self.session.name}' has no input "
                                 f"'{port}' (it binds {sorted(self.inputs)})", path=port)
-        value = source if isinstance(source, Value) else Value.host(source)
-        if value.shape != buffer.shape or value.dtype != buffer.dtype:
+        if isinstance(source, Value):
+            value, got = source, source.describe()
+        else:
+            value, got = None, f"a host array {list(source.shape)} {source.dtype}"
+            if source.dtype == NUMPY_DTYPES[buffer.dtype]:
+                value = Value.host(source, buffer.dtype)
+        if value is None or value.shape != buffer.shape or value.dtype != buffer.dtype:
             raise ContractError(
                 f"pass plan of component '{self.session.name}': '{port}' was planned as "
-                f"{list(buffer.shape)} {buffer.dtype}, got {value.describe()}", path=port,
-                value=value.shape, expected=f"{list(buffer.shape)} {buffer.dtype} (a plan "
+                f"{list(buffer.shape)} {buffer.dtype}, got {got}", path=port,
+                value=source.shape, expected=f"{list(buffer.shape)} {buffer.dtype} (a plan "
                 "of this width; another width needs its own plan)")
         self._fill(self.session, port, buffer, value)
 
