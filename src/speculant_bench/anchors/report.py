@@ -19,6 +19,7 @@ Each ratio also has its spread over the repeats, runner against runner in the sa
 
 from __future__ import annotations
 
+from speculant_bench.figures import decode_tokens_per_s, end_to_end_tokens_per_s, ttft_ms
 from speculant_bench.run import BenchRun, RunnerResult, Sample
 from speculant_bench.spread import Spread
 
@@ -26,11 +27,9 @@ RATIO_FIGURES = ("decode_tokens_per_s", "end_to_end_tokens_per_s")
 
 
 def _figures():
-    from speculant_bench import report
-
-    return {"decode_tokens_per_s": report.decode_tokens_per_s,
-            "end_to_end_tokens_per_s": report.end_to_end_tokens_per_s,
-            "time_to_first_token_ms": report.ttft_ms}
+    return {"decode_tokens_per_s": decode_tokens_per_s,
+            "end_to_end_tokens_per_s": end_to_end_tokens_per_s,
+            "time_to_first_token_ms": ttft_ms}
 
 
 def decode_ms_per_prompt(samples: list[Sample]) -> float:
