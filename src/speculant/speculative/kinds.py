@@ -1,11 +1,13 @@
 """Proposer kinds: the one registry that maps a name to its proposer, its bound on k, its
 default k, its request check and its builder (STYLE habit 5).
 
-| name | proposer | declared by | bound on k (``max_k``) |
+| name | proposer | declared by | bound on k |
 |---|---|---|---|
-| ``chained`` | :class:`ChainedProposer` (one per engine) | the package's ``speculative`` section | ``max_proposal_width`` |
-| ``draft`` | :class:`DraftModelProposer` (one per request) | ``load(..., draft=PATH)`` | the target's ``rollback_positions`` |
-| ``prompt_lookup`` | :class:`PromptLookupProposer` | nothing: it needs no model | the target's ``rollback_positions`` |
+| ``chained`` | ChainedProposer (per engine) | the ``speculative`` section | max_proposal_width |
+| ``draft`` | DraftModelProposer (per request) | ``load(..., draft=PATH)`` | rollback_positions |
+| ``prompt_lookup`` | PromptLookupProposer | nothing (no model) | rollback_positions |
+
+(``rollback_positions``: the smallest of the target's state groups.)
 
 ``auto`` is not a kind: it resolves to ``chained`` where the package's auto-enable rule holds
 (runtime.md §2.4), and to plain decoding otherwise. Admission (:func:`admit_proposer`), the

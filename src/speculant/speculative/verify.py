@@ -36,11 +36,11 @@ def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logi
     verification scores ``logits`` [1, k + 1, V] (row ``i`` scores the token after
     ``block[0..i]``).
 
-    Greedy (``sampler`` None): ``t`` is the argmax of every row (``k + 1`` ids read back) and
-    ``num_accepted`` comes from :func:`greedy_accept`. Sampling: speculative rejection sampling against
-    ``p_i = T(row i − 1)`` with the drafts' distributions ``q`` (None: deterministic drafts,
-    ``q = δ_d``), drawing ``k`` acceptance uniforms then the correction or bonus; the count
-    and the token are read back (8 bytes).
+    Greedy (``sampler`` None): ``t`` is the argmax of every row (``k + 1`` ids read back)
+    and ``num_accepted`` comes from :func:`greedy_accept`. Sampling: speculative rejection
+    sampling against ``p_i = T(row i − 1)`` with the drafts' distributions ``q`` (None:
+    deterministic drafts, ``q = δ_d``), drawing ``k`` acceptance uniforms then the
+    correction or bonus; the count and the token are read back (8 bytes).
     """
     drafts = block[1:]
     if sampler is None:
