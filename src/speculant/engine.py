@@ -148,7 +148,7 @@ class Engine:
                inputs: Mapping[str, np.ndarray] | None, *, with_text: bool
                ) -> tuple[DecodeState, Proposer | None, int]:
         options = options.checked()
-        if isinstance(prompt, str):
+        if isinstance(prompt, str | bytes | bytearray):
             prompt_ids = tuple(self.tokenizer.encode(checked_text("prompt", prompt)))
         else:
             prompt_ids = checked_token_ids("prompt_ids", prompt)

@@ -146,7 +146,5 @@ def load_chat_template(tokenizer_file: Path | None) -> ChatTemplate | None:
     if not isinstance(template, str):
         raise MetadataError("chat_template is not a string", path="chat_template",
                             file=str(path), value=type(template).__name__, expected="str")
-    chat = ChatTemplate(template, _token_text(config.get("bos_token")),
+    return ChatTemplate(template, _token_text(config.get("bos_token")),
                         _token_text(config.get("eos_token")), str(path), str(name))
-    chat._compiled()  # a template that does not compile is refused at load
-    return chat
