@@ -17,8 +17,10 @@ from speculant import MetadataError, RequestError
 from speculant.cli import full_app
 from speculant.text.chat import ChatTemplate, load_chat_template
 
+ROLE_CHECK = ("{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+              "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}")
 TEMPLATE = """{{ bos_token }}{% for message in messages %}
-{% if message['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + message['role']) }}{% endif %}
+""" + ROLE_CHECK + """
 {{ message['role'] }}
 {{ message['content'] }}</s>
 {% endfor %}

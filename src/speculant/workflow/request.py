@@ -65,7 +65,11 @@ def scalar_shape(contract: TensorContract, name: str) -> tuple[int, ...]:
 
 
 def _caller_value(name: str, spec: WorkflowInput, array: np.ndarray) -> Value:
-    array = np.asarray(array)
+    try:
+        array = np.asarray(array)
+    except (TypeError, ValueError) as exc:  # ragged lists, objects numpy cannot hold
+        raise RequestError(f"caller value for '{name}' is not an array: {exc}", path=name,
+                           expected=f"a numpy array of {spec.contract.dtype}") from None
     dtype = spec.contract.dtype
     if array.dtype != NUMPY_DTYPES[dtype]:
         raise RequestError(f"caller value for '{name}' has dtype {array.dtype}, its contract "
