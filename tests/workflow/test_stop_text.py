@@ -106,14 +106,23 @@ def test_a_closed_stream_has_a_result_and_frees_the_engine(decoder_engine):
     assert len(engine.generate("def ", 20).token_ids) == 20
 
 
-def test_an_open_stream_in_the_same_thread_is_refused_not_deadlocked(decoder_engine):
+def test_a_stream_opened_in_one_thread_is_consumed_in_another(decoder_engine):
+    """A server's pattern: the handler thread opens (admits) the stream, a worker thread
+    consumes it; the handler's next request waits its turn meanwhile."""
     engine = decoder_engine()
+    expected = engine.generate("def ", 20).text
     stream = engine.stream("def ", 20)
-    next(stream)
-    with pytest.raises(RequestError) as caught:
-        engine.generate("def ", 3)
-    assert "close()" in str(caught.value)
-    stream.close()
+    pieces: list[str] = []
+    worker = threading.Thread(target=lambda: pieces.extend(stream))
+    later: list[str] = []
+    waiter = threading.Thread(target=lambda: later.append(engine.generate("def ", 20).text))
+    waiter.start()
+    waiter.join(0.1)
+    assert waiter.is_alive() and later == []  # the open stream holds the engine
+    worker.start()
+    worker.join(30)
+    waiter.join(30)
+    assert "".join(pieces) == expected and later == [expected]
 
 
 def test_each_result_carries_its_own_stats(chained_engine):

@@ -47,21 +47,20 @@ class Turn:
 
 
 class Turns:
-    """A first-come, first-served lock: each caller gets a ticket and waits for its number."""
+    """A first-come, first-served lock: each caller gets a ticket and waits for its number.
+
+    Not re-entrant, and not tied to a thread: a stream may be opened in one thread and
+    consumed (or closed) in another. A thread that holds an open stream and asks the same
+    engine for another request waits until that stream is exhausted or closed."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._next_ticket = 0
         self._serving = 0
         self._abandoned: set[int] = set()
-        self._holder: int | None = None  # thread id of the holder
 
     def wait(self) -> Turn:
         with self._condition:
-            if self._holder == threading.get_ident():
-                raise RequestError("this thread already holds the engine with an open stream",
-                                   path="stream",
-                                   remedy="exhaust or close() the open stream first")
             ticket = self._next_ticket
             self._next_ticket += 1
             try:
@@ -70,12 +69,10 @@ class Turns:
             except BaseException:  # interrupted while waiting: give the ticket up
                 self._abandoned.add(ticket)
                 raise
-            self._holder = threading.get_ident()
             return Turn(self, ticket)
 
     def release(self, turn: Turn) -> None:
         with self._condition:
-            self._holder = None
             self._serving = turn.ticket + 1
             while self._serving in self._abandoned:
                 self._abandoned.discard(self._serving)
