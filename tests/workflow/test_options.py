@@ -122,3 +122,24 @@ def test_the_api_and_the_cli_agree_on_the_default_k(tmp_path):
     default = engine.generate([5, 9, 3], 20, proposer="chained")
     assert max(k for k, _ in default.stats.trace) == width
     assert default.stats.trace == engine.generate([5, 9, 3], 20, speculative=True).stats.trace
+
+
+def test_a_zero_dimensional_array_prompt(decoder_engine):
+    with pytest.raises(RequestError) as caught:
+        decoder_engine().generate(np.array(3), 4)
+    assert caught.value.paths == ["prompt_ids"]
+
+
+def test_a_budget_the_request_role_cannot_hold(edited_package):
+    """max_new_tokens is bound into an int32 request-role input: too large is typed."""
+    def budget_input(document: dict) -> None:
+        document["pipeline"]["workflow"]["inputs"]["request.budget"] = {
+            "contract": {"dtype": "int32", "rank": 1, "shape": [1]},
+            "role": {"kind": "runtime", "version": "1.0", "role": "max_output_tokens"},
+            "source": {"kind": "request"}, "required": True}
+
+    engine = speculant.load(edited_package("budget-int32", budget_input))
+    with pytest.raises(RequestError) as caught:
+        engine.generate("def ", 2**40)
+    assert caught.value.paths == ["request.budget"] and "int32" in str(caught.value)
+    assert len(engine.generate("def ", 3).token_ids) == 3

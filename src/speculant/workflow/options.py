@@ -162,7 +162,9 @@ def _boolean(name: str, value: object) -> bool:
 
 
 def _sequence(name: str, value: object) -> tuple:
-    if isinstance(value, str | bytes | bytearray | dict) or not hasattr(value, "__iter__"):
+    is_sequence = not isinstance(value, str | bytes | bytearray | dict) and \
+        hasattr(value, "__iter__") and getattr(value, "ndim", 1) != 0
+    if not is_sequence:
         raise RequestError(f"{name} must be a sequence", path=name,
                            value=type(value).__name__, expected="a list or tuple")
     return tuple(value)  # type: ignore[arg-type]

@@ -168,8 +168,13 @@ def _request_role_value(name: str, spec: WorkflowInput, request: Request) -> Val
         raise RequestError(f"request input '{name}' has role '{role}', which speculant does not "
                            "derive for a caller", path=name, value=role)
     shape = scalar_shape(spec.contract, name)
-    return Value.host(np.full(shape, number, NUMPY_DTYPES[spec.contract.dtype]),
-                      spec.contract.dtype)
+    dtype = NUMPY_DTYPES[spec.contract.dtype]
+    if np.issubdtype(dtype, np.integer) and not \
+            np.iinfo(dtype).min <= number <= np.iinfo(dtype).max:
+        raise RequestError(f"request input '{name}' (role '{role}') cannot hold {number} as "
+                           f"{spec.contract.dtype}", path=name, value=number,
+                           expected=f"at most {np.iinfo(dtype).max}")
+    return Value.host(np.full(shape, number, dtype), spec.contract.dtype)
 
 
 def sampling_of(options: GenerationOptions) -> Sampling | None:
