@@ -176,7 +176,7 @@ def chat(
     package: PackageArg = None,
     system: Annotated[str | None, typer.Option(help="A system message that opens the "
                                                     "conversation.")] = None,
-    max_new_tokens: MaxNewTokens = 256,
+    max_new_tokens: MaxNewTokens = DEFAULTS.max_new_tokens,
     speculative: Speculative = False,
     proposer: ProposerOpt = DEFAULTS.proposer,
     draft: DraftOpt = None,
@@ -195,7 +195,8 @@ def chat(
         options = options_of(max_new_tokens, speculative, proposer, draft, k, temperature,
                              top_k, top_p, min_p, seed, None)
         engine = load_engine(package, device, draft, threads)
-        engine.render_chat([{"role": "user", "content": "hi"}])  # no template: refused now
+        # no template, or options the engine refuses: refused now, before the first turn
+        engine.admit(engine.render_chat([{"role": "user", "content": "hi"}]), options)
     except SpeculantError as error:
         fail(error)
         return

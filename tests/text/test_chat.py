@@ -155,3 +155,10 @@ def test_chat_without_a_template_fails_cleanly(tmp_path):
     result = CliRunner().invoke(full_app(), ["chat", str(root)], input="hi\n")
     assert result.exit_code == 2 and "RequestError" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_chat_with_options_the_engine_refuses_fails_before_the_first_turn(chat_root):
+    result = CliRunner().invoke(full_app(), ["chat", str(chat_root), "--proposer", "chained"],
+                                input="hi\n")
+    assert result.exit_code == 2 and "speculative" in result.stderr
+    assert "> " not in result.stdout
