@@ -83,3 +83,19 @@ def test_verify_is_pure_on_literal_scores():
     assert verify(seam, None, [2, 3, 4, 0], scores, None) == (4, 5)  # all accepted: bonus 5
     assert verify(seam, None, [2, 9, 4, 0], scores, None) == (1, 3)  # d_1 rejected
     assert np.array_equal(logits, copy)
+
+
+def test_auto_resolves_by_the_auto_enable_rule(tmp_path):
+    """``auto``: chained where every component's contract preserves the distribution, plain
+    decoding otherwise; its k defaults to the chained kind's (max_proposal_width)."""
+    import speculant
+    from builders.writers import write_chained_package
+
+    safe = speculant.load(write_chained_package(tmp_path / "safe", equivalence="bitwise"))
+    unsafe = speculant.load(write_chained_package(tmp_path / "unsafe"))
+    auto = safe.generate(list(PROBE_PROMPT), 16, proposer="auto")
+    assert auto.stats.proposer == "chained"
+    assert auto.stats.trace == safe.generate(list(PROBE_PROMPT), 16, proposer="chained").stats.trace
+    plain = unsafe.generate(list(PROBE_PROMPT), 16, proposer="auto")
+    assert plain.stats.proposer is None and plain.stats.rounds == 0
+    assert plain.token_ids == auto.token_ids
