@@ -2,9 +2,10 @@
 
 Every object is closed (``extra="forbid"``: an unknown key is a ``MetadataError``). Keys of the
 standard that speculant does not execute are still known here, typed loosely, so that a
-document using them parses and the support check (``package.support``) can name them.
-Structural rules that need the whole document (SSA, aliases, the chain) live in
-``package.rules``; this module checks only what one object can check about itself.
+document using them parses and the feature that owns them can name them as unsupported.
+Rules that need the whole document (SSA, aliases, the chain) live in the feature modules
+(``io``, ``steps``, ``state``, ``serving``, ``chain``); this module checks only what one object
+can check about itself.
 """
 
 from __future__ import annotations
