@@ -29,9 +29,11 @@ from speculant.package.paths import confine
 from speculant.package.plan import DRIVER_PORT_ROLES, LoadPlan
 
 
-def document_problems(doc: Document, file: str = "") -> list[Problem]:
+def document_problems(doc: Document, file: str = "",
+                      facts: chain.ChainFacts | None = None) -> list[Problem]:
     """Every finding about the document alone (MetadataError and UnsupportedError), in
-    feature order. Every check tolerates a document that breaks other rules."""
+    feature order. Every check tolerates a document that breaks other rules. ``facts``: the
+    chain's facts when the caller derived them already."""
     out = ProblemCollector(file)
     top.check(doc, out)
     if doc.pipeline is None:
@@ -40,7 +42,7 @@ def document_problems(doc: Document, file: str = "") -> list[Problem]:
     values = steps.check(doc, out)
     state.check(doc, values, out)
     serving.check(doc, values, out)
-    chain.check(doc, chain.derive(doc), out)
+    chain.check(doc, facts or chain.derive(doc), out)
     return out.problems
 
 
@@ -67,8 +69,9 @@ def load_package(root: str | Path) -> Package:
     file = str(metadata_file)
     doc = read_document(metadata_file)
 
+    facts = chain.derive(doc)  # sigma, kappa and the chain's contracts, read once
     problems = ProblemCollector(file)
-    problems.extend(document_problems(doc, file))
+    problems.extend(document_problems(doc, file, facts))
     artifacts = _confine_artifacts(doc, root, problems)
     tokenizer_file = top.resolve_tokenizer(doc, root, problems)
     problems.raise_if_any()
@@ -89,7 +92,7 @@ def load_package(root: str | Path) -> Package:
     admission.raise_if_any()
 
     return Package(root=root, metadata_file=metadata_file, document=doc,
-                   plan=derive_plan(doc), artifacts=artifacts, graphs=graphs,
+                   plan=derive_plan(doc, facts), artifacts=artifacts, graphs=graphs,
                    tokenizer_file=tokenizer_file, embedding_width=embedding_width)
 
 
@@ -108,10 +111,10 @@ def load_metadata_only(path: str | Path) -> tuple[Document, list[Problem]]:
     return doc, [p for p in found if p.kind is UnsupportedError]
 
 
-def derive_plan(doc: Document) -> LoadPlan:
+def derive_plan(doc: Document, facts: chain.ChainFacts | None = None) -> LoadPlan:
     """The load products of metadata.md §5, each from the feature that owns it. ``doc`` must
-    have passed the document checks."""
-    target, proposer = chain_roles(doc)
+    have passed the document checks; ``facts``: the chain's facts when already derived."""
+    target, proposer = runnable_roles(doc)
     target_inputs, target_outputs = steps.invoke_bindings(doc, target)
     proposer_inputs = steps.invoke_bindings(doc, proposer)[0] if proposer else {}
     port_by_role = {role: port for port, role in io.port_roles(doc, target).items()}
@@ -121,8 +124,8 @@ def derive_plan(doc: Document) -> LoadPlan:
     driver_bound.update({cell.initializer: f"cell:{cell.name}" for cell in cells.values()})
     undeclared_bound = state.group_rollback_bound(doc, cells)
     spec = doc.speculative
-    facts = chain.derive(doc)
-    chain_plan = chain.plan(doc, facts) if spec is not None and facts is not None else None
+    facts = facts or chain.derive(doc)
+    chain_plan = chain.plan(doc, facts) if facts is not None else None
     return LoadPlan(
         target=target, proposer=proposer, target_inputs=target_inputs,
         target_outputs=target_outputs, proposer_inputs=proposer_inputs,
@@ -136,7 +139,7 @@ def derive_plan(doc: Document) -> LoadPlan:
         chain_bound_inputs=chain.chain_bound_inputs(doc, chain_plan))
 
 
-def chain_roles(doc: Document) -> tuple[str, str | None]:
+def runnable_roles(doc: Document) -> tuple[str, str | None]:
     """(target, proposer) of a valid runnable document."""
     if doc.speculative is not None:
         return doc.speculative.target, doc.speculative.proposer
