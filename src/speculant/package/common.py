@@ -9,6 +9,8 @@ load plan. Each problem carries the spec's rule id (``Problem.rule``: "12", "A6"
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from speculant.errors import ProblemCollector, UnsupportedError
@@ -39,13 +41,20 @@ def unsupported(out: ProblemCollector, rule: str, feature: str, path: str,
             value=value, expected=expected, remedy=remedy, rule=rule)
 
 
+@contextmanager
+def rule_of(out: ProblemCollector, rule: str) -> Iterator[None]:
+    """Give the problems recorded inside the block (by a helper that knows no rule ids, such
+    as ``paths.confine``) the rule id ``rule``."""
+    first = len(out.problems)
+    yield
+    out.problems[first:] = [p if p.rule else replace(p, rule=rule) for p in out.problems[first:]]
+
+
 def check_path(location: str, path: str, out: ProblemCollector) -> bool:
     """Rule 4 (P1, lexical): record why ``location`` is refused before touching the disk;
     True when it passes."""
-    first = len(out.problems)
-    is_lexical = check_lexical(location, path, out)
-    out.problems[first:] = [replace(p, rule="4") for p in out.problems[first:]]
-    return is_lexical
+    with rule_of(out, "4"):
+        return check_lexical(location, path, out)
 
 
 def is_empty(value: object) -> bool:

@@ -20,7 +20,7 @@ import onnx
 
 from speculant.errors import MetadataError, Problem, ProblemCollector, UnsupportedError
 from speculant.package import chain, io, serving, state, steps, top
-from speculant.package.common import WF
+from speculant.package.common import WF, rule_of
 from speculant.package.document import find_metadata, read_document
 from speculant.package.graphs import read_graph
 from speculant.package.model import Document
@@ -72,15 +72,17 @@ def load_package(root: str | Path) -> Package:
     facts = chain.derive(doc)  # sigma, kappa and the chain's contracts, read once
     problems = ProblemCollector(file)
     problems.extend(document_problems(doc, file, facts))
-    artifacts = _confine_artifacts(doc, root, problems)
-    tokenizer_file = top.resolve_tokenizer(doc, root, problems)
+    with rule_of(problems, "4"):  # P2, P3
+        artifacts = _confine_artifacts(doc, root, problems)
+        tokenizer_file = top.resolve_tokenizer(doc, root, problems)
     problems.raise_if_any()
 
     admission = ProblemCollector(file)
     graphs: dict[str, onnx.ModelProto] = {}
     for component, artifact in artifacts.items():
         field = f"{WF}.components.{component}.implementation.artifact"
-        model = read_graph(component, artifact, root, field, admission)
+        with rule_of(admission, "4"):  # external data: P2, P3 (A1 carries its own id)
+            model = read_graph(component, artifact, root, field, admission)
         if model is not None:
             graphs[component] = model
     embedding_width = None
