@@ -220,6 +220,7 @@ def test_unsupported_feature(base_name: str, edits: list, path: str) -> None:
         assert validate_document(document) == [], validate_document(document)
     assert any(p.path == path for p in problems), [p.render() for p in problems]
     assert {p.kind for p in problems} == {UnsupportedError}
+    assert all(p.rule for p in problems), [p.render() for p in problems if not p.rule]
 
 
 def test_metadata_only_reports_without_failing(tmp_path: Path) -> None:
