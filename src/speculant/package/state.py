@@ -19,11 +19,12 @@ from speculant.package.common import (
     ports_of,
     unsupported,
 )
-from speculant.package.model import Document, StateCell, StateGroup, Workflow
+from speculant.package.model import Document, StateCell, StateGroup, StatePortAlias, Workflow
 from speculant.package.plan import CellPlan
 from speculant.package.steps import Values
 
 ATTENTION_KINDS = ("full_attention", "sliding_attention", "multi_latent_attention")
+Writers = dict[str, list[tuple[str, StatePortAlias]]]  # cell -> (component, alias) writing it
 UPDATE_KEYS = {"append": set(), "replace": set(),
                "indexed_scatter": {"write_indices", "capacity", "write_indices_ports",
                                    "kv_length_ports"}}
@@ -33,13 +34,14 @@ def check(doc: Document, values: Values, out: ProblemCollector) -> None:
     wf = doc.workflow
     groups = dict(wf.serving.state_service.groups) if wf.serving else {}
     accepted_len = wf.serving.accepted_len if wf.serving else None
+    writers = owners(wf)  # cell -> the (component, alias) pairs that write it, derived once
     for name, cell in wf.state.items():
         _check_cell(name, cell, groups, accepted_len, values, out)
     for name, group in groups.items():
-        _check_group(wf, name, group, groups, out)
-    _check_owners(doc, out)
+        _check_group(wf, name, group, groups, writers, out)
+    _check_owners(doc, writers, out)
     if doc.speculative is not None:
-        _check_rollback(doc, groups, out)
+        _check_rollback(doc, groups, writers, out)
 
 
 # -- cells (rules 17–19) --------------------------------------------------------------------
@@ -128,7 +130,7 @@ def _check_recurrence(name: str, cell: StateCell, group: StateGroup | None,
 
 # -- groups and aliases (rules 21–24) -------------------------------------------------------
 def _check_group(wf: Workflow, name: str, group: StateGroup, groups: dict[str, StateGroup],
-                 out: ProblemCollector) -> None:
+                 writers: Writers, out: ProblemCollector) -> None:
     path = f"{GROUPS}.{name}"
     if not group.layout.strip():
         out.add(MetadataError, "a state group needs a non-empty layout", path=f"{path}.layout",
@@ -160,7 +162,7 @@ def _check_group(wf: Workflow, name: str, group: StateGroup, groups: dict[str, S
                         expected=f"an axis < {cell.contract.rank}")
     for component, aliases in group.ports.items():
         _check_aliases(wf, name, component, aliases, out)
-    _check_borrowed(wf, name, group, out)
+    _check_borrowed(wf, name, group, writers, out)
     # what speculant manages: attention caches that append
     if group.kind not in ATTENTION_KINDS:
         unsupported(out, "2", f"state group kind '{group.kind}'", f"{path}.kind", group.kind,
@@ -250,10 +252,9 @@ def _check_layers(wf: Workflow, group_name: str, component: str, aliases: dict,
                     value={"key": keys, "value": values}, expected="the same layers", rule="23")
 
 
-def _check_borrowed(wf: Workflow, group_name: str, group: StateGroup,
+def _check_borrowed(wf: Workflow, group_name: str, group: StateGroup, writers: Writers,
                     out: ProblemCollector) -> None:
     """Rule 24 (M part): a borrowed cache port must fit the owner's output port."""
-    writers = owners(wf)
     for component, aliases in group.ports.items():
         inputs, _ = ports_of(wf.components.get(component))
         for cell_name, alias in aliases.items():
@@ -275,10 +276,9 @@ def _check_borrowed(wf: Workflow, group_name: str, group: StateGroup,
 
 
 # -- owners (rules 24, 25: U) ---------------------------------------------------------------
-def _check_owners(doc: Document, out: ProblemCollector) -> None:
+def _check_owners(doc: Document, writers: Writers, out: ProblemCollector) -> None:
     wf = doc.workflow
     target, _ = component_roles(doc)
-    writers = owners(wf)
     for name in wf.state:
         found = writers.get(name, [])
         if len(found) != 1:
@@ -311,7 +311,8 @@ def _check_owners(doc: Document, out: ProblemCollector) -> None:
 
 
 # -- rollback (rules 33, 34) ----------------------------------------------------------------
-def _check_rollback(doc: Document, groups: dict[str, StateGroup], out: ProblemCollector) -> None:
+def _check_rollback(doc: Document, groups: dict[str, StateGroup], writers: Writers,
+                    out: ProblemCollector) -> None:
     spec = doc.speculative
     assert spec is not None
     wf = doc.workflow
@@ -354,7 +355,7 @@ def _check_rollback(doc: Document, groups: dict[str, StateGroup], out: ProblemCo
                     expected=f">= {spec.max_proposal_width}")
         for index, other in enumerate(group.capabilities.cascade):
             pending.append((other, f"{path}.cascade.{index}"))
-    for cell_name, found in owners(wf).items():  # U: every cache the target owns rolls back
+    for cell_name, found in writers.items():  # U: every cache the target owns rolls back
         if len(found) == 1 and found[0][0] == spec.target \
                 and cell_name not in spec.rollback_state:
             unsupported(out, "33", f"a target-owned cell '{cell_name}' missing from "
