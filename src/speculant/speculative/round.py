@@ -3,26 +3,12 @@ the decode state records it (rollback and commit have one home: workflow/state.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from speculant.speculative.proposal import Proposal, Proposer
 from speculant.speculative.verify import verify
-from speculant.workflow.state import DecodeState
-from speculant.workflow.target_pass import PassResult, TargetPass
+from speculant.workflow.state import DecodeState, RoundResult
+from speculant.workflow.target_pass import TargetPass
 
 NO_DRAFTS = Proposal()
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    """One round's outcome, for :meth:`DecodeState.record`."""
-
-    k: int  # k_r: drafts verified (0: a greedy step)
-    num_accepted: int  # a: block positions accepted, the pending token included (1 … k + 1)
-    tokens: list[int]  # to commit: the accepted drafts, then the correction or the bonus
-    verify_pass: PassResult  # the round's target pass over [pending, d_1 … d_k]
-    num_proposer_invocations: int = 0
-    num_proposer_rows: int = 0  # score rows the proposer reduced to a token
 
 
 def run_round(state: DecodeState, target: TargetPass, proposer: Proposer | None,

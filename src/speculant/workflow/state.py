@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,8 +17,18 @@ from speculant.workflow.stats import DecodeStats
 from speculant.workflow.stop_text import StopText
 from speculant.workflow.target_pass import PassResult
 
-if TYPE_CHECKING:
-    from speculant.speculative.round import RoundResult
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One speculative round's outcome (the round returns it, :meth:`DecodeState.record`
+    records it)."""
+
+    k: int  # k_r: drafts verified (0: a greedy step)
+    num_accepted: int  # a: block positions accepted, the pending token included (1 … k + 1)
+    tokens: list[int]  # to commit: the accepted drafts, then the correction or the bonus
+    verify_pass: PassResult  # the round's target pass over [pending, d_1 … d_k]
+    num_proposer_invocations: int = 0
+    num_proposer_rows: int = 0  # score rows the proposer reduced to a token
 
 
 def empty_cells(package: Package) -> dict[str, Value]:
