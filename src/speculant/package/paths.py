@@ -77,6 +77,6 @@ def confine_external_data(root: Path, external: list[tuple[str, str]], model_fil
     for tensor_name, location in external:
         by_location.setdefault(location, []).append(tensor_name)
     for location, names in by_location.items():
-        others = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        others = f" (and {len(names) - 1} more in that file)" if len(names) > 1 else ""
         confine(root, location, path, problems, base=model_file.parent, file=str(model_file),
-                what=f"external data file (of initializer '{names[0]}'{others})")
+                what=f"external data of initializer '{names[0]}'{others}")
