@@ -105,8 +105,13 @@ def raw(base_url) -> Callable[..., tuple[int, dict, bytes]]:
     def exchange(method: str, path: str, body: bytes | str = b"",
                  headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
         connection = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+        headers = headers or {}
         try:
-            connection.request(method, path, body=body, headers=headers or {})
+            try:
+                connection.request(method, path, body=body, headers=headers,
+                                   encode_chunked="Transfer-Encoding" in headers)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered before the whole body was sent (413)
             response = connection.getresponse()
             return response.status, dict(response.getheaders()), response.read()
         finally:
