@@ -8,6 +8,7 @@ returns its base URL; the servers stop at the end of the session.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -15,6 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# Ray's workers run on this interpreter: under `uv run`, Ray would otherwise start each
+# worker with `uv run` in a copy of the working tree, in a fresh environment (read at import).
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 openai = pytest.importorskip("openai", reason="the openai client is not installed")

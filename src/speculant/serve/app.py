@@ -13,6 +13,7 @@ status for anything the client sent; the server keeps serving after every one of
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -50,7 +51,7 @@ def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None 
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": get_service().model_name}
+        return {"status": "ok", "model": get_service().model_name, "pid": os.getpid()}
 
     @app.get("/metrics")
     async def metrics() -> Response:
