@@ -27,6 +27,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads per "
+                                                     "session (default: ORT's).")] = None,
     draft: Annotated[str | None, typer.Option(help="Draft-model package, for "
                                                    "proposer=draft.")] = None,
     model_name: Annotated[str | None, typer.Option(help="The model id clients send "
@@ -45,6 +47,8 @@ def serve(
     seed: Annotated[int, typer.Option(help="Default seed.")] = DEFAULTS["seed"],
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body "
                                                      "accepted.")] = 1 << 20,
+    log_level: Annotated[str, typer.Option(help="uvicorn's log level (info logs each "
+                                                 "request).")] = "info",
     ray: Annotated[bool, typer.Option("--ray", help="Serve as a Ray Serve deployment (one "
                                                     "engine per replica).")] = False,
     replicas: Annotated[int, typer.Option(help="Ray Serve replicas (with --ray).")] = 1,
@@ -71,7 +75,7 @@ def serve(
             from speculant.serve.ray_app import run_blocking
 
             run_blocking(package, model_name=name, defaults=defaults, device=device,
-                         draft=draft, num_replicas=replicas, host=host, port=port,
+                         draft=draft, threads=threads, num_replicas=replicas, host=host, port=port,
                          address=ray_address)
             return
         import uvicorn
@@ -79,12 +83,12 @@ def serve(
         from speculant.serve.app import create_app
         from speculant.serve.engine_adapter import load_engine
 
-        engine = load_engine(package, device=device, draft=draft)
+        engine = load_engine(package, device=device, draft=draft, threads=threads)
         app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)
     except SpeculantError as error:
         fail(error)
         return
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
 def _model_name(package: str) -> str:

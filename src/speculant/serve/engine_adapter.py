@@ -49,13 +49,15 @@ else:  # SHIM: the fields of speculant/workflow/options.py (api.md), until `loop
         stop_on_eos: bool = True
 
 
-def load_engine(package: str, device: str = "cpu", draft: str | None = None) -> Any:
-    """``speculant.load``'s resolution (a folder, or a built-in name such as ``demo``)."""
+def load_engine(package: str, device: str = "cpu", draft: str | None = None,
+                threads: int | None = None) -> Any:
+    """``speculant.load``'s resolution (a folder, or a built-in name such as ``demo``);
+    ``threads``: ONNX Runtime's intra-op threads per session (None: ORT's default)."""
     if not HAS_REQUEST_API and package == "demo":  # SHIM: the old load takes folders only
         from speculant.cli import demo_package
 
         package = str(demo_package())
-    return adapt(speculant.load(package, device=device, draft=draft))
+    return adapt(speculant.load(package, device=device, draft=draft, threads=threads))
 
 
 def adapt(engine: Any) -> Any:

@@ -32,10 +32,10 @@ from speculant.serve.engine_adapter import GenerationOptions
 @serve.ingress()
 class SpeculantReplica:
     def __init__(self, package: str, model_name: str, defaults: dict, device: str = "cpu",
-                 draft: str | None = None) -> None:
+                 draft: str | None = None, threads: int | None = None) -> None:
         from speculant.serve.engine_adapter import load_engine
 
-        self.engine = load_engine(package, device=device, draft=draft)
+        self.engine = load_engine(package, device=device, draft=draft, threads=threads)
         self.model_name = model_name
         self.defaults = GenerationOptions(**defaults)
 
@@ -47,10 +47,12 @@ class SpeculantReplica:
 
 def build(package: str = "demo", *, model_name: str | None = None,
           defaults: GenerationOptions | None = None, device: str = "cpu",
-          draft: str | None = None, num_replicas: int = 1, num_cpus: float = 1.0,
-          num_gpus: float = 0.0, max_ongoing_requests: int = 16) -> serve.Application:
+          draft: str | None = None, threads: int | None = None, num_replicas: int = 1,
+          num_cpus: float = 1.0, num_gpus: float = 0.0,
+          max_ongoing_requests: int = 16) -> serve.Application:
     """The application: ``num_replicas`` engines of ``package``, each on ``num_cpus`` CPUs
-    and ``num_gpus`` GPUs of some machine of the cluster."""
+    and ``num_gpus`` GPUs of some machine of the cluster (``threads``: ORT's intra-op
+    threads per session)."""
     from pathlib import Path
 
     options = dataclasses.asdict(defaults or GenerationOptions())
@@ -58,25 +60,26 @@ def build(package: str = "demo", *, model_name: str | None = None,
         num_replicas=num_replicas, max_ongoing_requests=max_ongoing_requests,
         ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus})
     return deployment.bind(package, model_name or Path(package).name or package, options,
-                           device, draft)
+                           device, draft, threads)
 
 
 def app_builder(args: dict[str, Any]) -> serve.Application:
     """For Ray's ``serve run speculant.serve.ray_app:app_builder key=value ...``."""
     numbers = {"num_replicas": int, "num_cpus": float, "num_gpus": float,
-               "max_ongoing_requests": int}
+               "max_ongoing_requests": int, "threads": int}
     kwargs = {key: numbers.get(key, str)(value) for key, value in args.items()
               if key != "package"}
     return build(args.get("package", "demo"), **kwargs)
 
 
 def run_blocking(package: str, *, model_name: str, defaults: GenerationOptions,
-                 device: str, draft: str | None, num_replicas: int, host: str, port: int,
-                 address: str | None) -> None:
+                 device: str, draft: str | None, threads: int | None, num_replicas: int,
+                 host: str, port: int, address: str | None) -> None:
     """``speculant serve --ray``: start (or join) Ray, deploy, serve until Ctrl-C."""
     import ray
 
     ray.init(address=address)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build(package, model_name=model_name, defaults=defaults, device=device,
-                    draft=draft, num_replicas=num_replicas), route_prefix="/", blocking=True)
+                    draft=draft, threads=threads, num_replicas=num_replicas),
+              route_prefix="/", blocking=True)
