@@ -53,7 +53,8 @@ def load_engine(package: str, device: str = "cpu", draft: str | None = None,
                 threads: int | None = None) -> Any:
     """``speculant.load``'s resolution (a folder, or a built-in name such as ``demo``);
     ``threads``: ONNX Runtime's intra-op threads per session (None: ORT's default)."""
-    if not HAS_REQUEST_API and package == "demo":  # SHIM: the old load takes folders only
+    if package == "demo" and not Path(package).is_dir():
+        # SHIM: until speculant.load resolves built-in names (branch `import`)
         from speculant.cli import demo_package
 
         package = str(demo_package())

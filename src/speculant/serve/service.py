@@ -73,6 +73,7 @@ class Service:
         """
         arrived = time.perf_counter()
         first_at = None
+        is_finished = False
         async with self._holding_engine():
             stream = await run_in_threadpool(open_stream)
             try:
@@ -81,13 +82,11 @@ class Service:
                 while (text := await run_in_threadpool(next, pieces, _END)) is not _END:
                     first_at = first_at or time.perf_counter()
                     yield Piece(text)
-                result = stream.result
+                result, is_finished = stream.result, True
                 self.metrics.observe_finished(result, (first_at or time.perf_counter()) - arrived,
                                               time.perf_counter() - arrived)
                 yield Piece("", result)
-            except BaseException:
-                if stream.result is None:
-                    self.metrics.observe_aborted(time.perf_counter() - arrived)
-                raise
             finally:
-                stream.close()
+                stream.close()  # a no-op once exhausted
+                if not is_finished:  # the client went away, or the decode failed
+                    self.metrics.observe_aborted(time.perf_counter() - arrived)
