@@ -1,10 +1,10 @@
 """Where a decode's time goes, measured from outside the round.
 
-`InvokeClock` wraps `ComponentSession.invoke` of every session of an engine (its components',
-and its draft model's) with ``time.perf_counter`` accumulators (the round itself is not
-touched): the target's session counts as *target* time, every other session as *proposer*
-time. `verify_width_curve` times
-target passes of growing block size over one fixed cache, straight through `engine.target.run`.
+`InvokeClock` observes every session of an engine (its components', and its draft model's)
+through the session's timing hook (``ComponentSession.observers``; nothing is patched): the
+target's session counts as *target* time, every other session as *proposer* time.
+`verify_width_curve` times target passes of growing block size over one fixed cache, straight
+through `engine.target.run`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from itertools import cycle, islice
 
 from speculant.engine import Engine
+from speculant.session.session import Invocation
 from speculant.workflow.request import Admitted
 from speculant.workflow.target_pass import PassResult
 
@@ -38,23 +39,20 @@ class InvokeClock:
         self.durations: dict[str, list[float]] = {name: [] for name in self.sessions}
 
     def __enter__(self) -> InvokeClock:
+        self._observers = {name: self._recorder(self.durations[name]) for name in self.sessions}
         for name, session in self.sessions.items():
-            session.invoke = self._timed(session.invoke, self.durations[name])
+            session.observers.append(self._observers[name])
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for session in self.sessions.values():
-            del session.invoke  # the instance attribute; the class's method shows again
+        for name, session in self.sessions.items():
+            session.observers.remove(self._observers[name])
 
     @staticmethod
-    def _timed(invoke, durations: list[float]):
-        def timed_invoke(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return invoke(*args, **kwargs)
-            finally:
-                durations.append(time.perf_counter() - started)
-        return timed_invoke
+    def _recorder(durations: list[float]) -> Callable[[Invocation], None]:
+        def record(call: Invocation) -> None:
+            durations.append(call.seconds)
+        return record
 
     def reset(self) -> None:
         for durations in self.durations.values():
@@ -132,19 +130,14 @@ def bare_run(engine: Engine, block: Sequence[int], start: int, cells, admitted: 
     and waits for the device, with none of the runtime's Python. Pass time minus this is what
     the runtime adds to a pass."""
     session = engine.sessions[engine.package.plan.target]
-    captured: dict = {}
-    invoke = session.invoke
-
-    def capturing_invoke(inputs, outputs=None):
-        captured.update(inputs=dict(inputs), outputs=list(outputs or []))
-        return invoke(inputs, outputs)
-
-    session.invoke = capturing_invoke
+    calls: list[Invocation] = []
+    record = calls.append  # the pass's inputs and outputs, as the session bound them
+    session.observers.append(record)
     try:
         engine.target.run(block, start, cells, admitted)
     finally:
-        del session.invoke
-    binding = session.bind(captured["inputs"], captured["outputs"])
+        session.observers.remove(record)
+    binding = session.bind(calls[0].inputs, calls[0].outputs)
 
     def timed() -> float:
         started = time.perf_counter()

@@ -111,8 +111,8 @@ def test_present_with_the_wrong_extent(pair_engine, monkeypatch):
     engine = pair_engine()
     invoke = engine.target.session.invoke
 
-    def short_present(inputs, outputs=None):
-        produced = invoke(inputs, outputs)
+    def short_present(inputs, outputs=None, **options):
+        produced = invoke(inputs, outputs, **options)
         key = produced["present.0.key"]
         produced["present.0.key"] = Value.host(np.array(key.data[:, :, :-1]), key.dtype)
         return produced

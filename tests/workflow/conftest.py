@@ -106,9 +106,9 @@ def passes(monkeypatch) -> list[RecordedPass]:
         recorded.append(RecordedPass(tuple(tokens), start, values, ports))
         return result
 
-    def invoke(self, inputs, outputs=None):
+    def invoke(self, inputs, outputs=None, **options):
         invoked.append({port: np.array(value.data) for port, value in inputs.items()})
-        return original_invoke(self, inputs, outputs)
+        return original_invoke(self, inputs, outputs, **options)
 
     monkeypatch.setattr(TargetPass, "run", run)
     monkeypatch.setattr(ComponentSession, "invoke", invoke)

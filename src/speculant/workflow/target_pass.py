@@ -72,7 +72,7 @@ class TargetPass:
             symbols.check(name, spec.contract, values[name])
 
         port_values = {port: values[name] for port, name in self.plan.target_inputs.items()}
-        produced = self.session.invoke(port_values, list(self.plan.target_outputs))
+        produced = self.session.invoke(port_values, list(self.plan.target_outputs), check=False)
         for port, value in produced.items():
             values[self.plan.target_outputs[port]] = value
         for value_name, output_name in self.emits:
