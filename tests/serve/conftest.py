@@ -98,10 +98,10 @@ def client(base_url):
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
 
 
-@pytest.fixture(scope="session")
-def raw(base_url) -> Callable[..., tuple[int, dict, bytes]]:
-    """``raw(method, path, body=b"", headers=...)``: one plain HTTP/1.1 exchange (bodies and
-    headers exactly as given) -> (status, headers, body)."""
+def exchange_with(base_url: str) -> Callable[..., tuple[int, dict, bytes]]:
+    """``exchange(method, path, body=b"", headers=...)``: one plain HTTP/1.1 exchange with
+    the server at ``base_url`` (bodies and headers exactly as given) -> (status, headers,
+    body)."""
     import http.client
     from urllib.parse import urlsplit
 
@@ -122,3 +122,15 @@ def raw(base_url) -> Callable[..., tuple[int, dict, bytes]]:
         finally:
             connection.close()
     return exchange
+
+
+@pytest.fixture(scope="session")
+def raw_at() -> Callable[[str], Callable[..., tuple[int, dict, bytes]]]:
+    """``raw_at(base_url)``: :func:`exchange_with` for another server of the session."""
+    return exchange_with
+
+
+@pytest.fixture(scope="session")
+def raw(base_url) -> Callable[..., tuple[int, dict, bytes]]:
+    """One plain HTTP/1.1 exchange with the session's server (:func:`exchange_with`)."""
+    return exchange_with(base_url)
