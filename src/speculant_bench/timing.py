@@ -4,20 +4,22 @@
 through the session's timing hook (``ComponentSession.observers``; nothing is patched): the
 target's session counts as *target* time, every other session as *proposer* time.
 `verify_width_curve` times target passes of growing block size over one fixed cache, straight
-through `engine.target.run`.
+over the cache a prefill left
+(`prefilled`: the decode state the runtime returns), through `engine.target.run`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import cycle, islice
 
 from speculant.engine import Engine
 from speculant.session.session import Invocation
+from speculant.workflow.options import GenerationOptions
 from speculant.workflow.request import Admitted
-from speculant.workflow.target_pass import PassResult
+from speculant.workflow.state import DecodeState
 
 VERIFY_WIDTHS = (1, 2, 3, 5, 9)  # block sizes k + 1 for k = 0, 1, 2, 4, 8
 WIDTH_WARMUP = 3  # untimed passes of each width before the timed ones
@@ -66,24 +68,14 @@ class InvokeClock:
         return sum(sum(d) for name, d in self.durations.items() if name != self.target)
 
 
-def capture_prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[Admitted, PassResult]:
-    """Decode one token (the prefill alone) and keep what its target pass was given and
-    produced: the admitted request (controls as they were then) and the pass result."""
-    captured: list[tuple[Admitted, PassResult]] = []
-    run = engine.target.run
-
-    def capturing_run(tokens, start, cells, admitted):
-        frozen = replace(admitted, controls=dict(admitted.controls))  # before commit edits them
-        result = run(tokens, start, cells, admitted)
-        captured.append((frozen, result))
-        return result
-
-    engine.target.run = capturing_run
-    try:
-        engine.generate(list(prompt_ids), 1, stop_on_eos=False)
-    finally:
-        del engine.target.run
-    return captured[0]
+def prefilled(engine: Engine, prompt_ids: Sequence[int]) -> DecodeState:
+    """The decode state a one-token decode of ``prompt_ids`` leaves: its caches hold the
+    prompt (extent ``len(prompt_ids)``), with the admitted request it ran under."""
+    decode = engine.decode(list(prompt_ids), GenerationOptions(max_new_tokens=1,
+                                                               stop_on_eos=False))
+    for _ in decode:
+        pass
+    return decode.state
 
 
 @dataclass(frozen=True)
@@ -100,17 +92,18 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
     """Time target passes of each block width over the cache a prefill of ``context_ids``
     leaves (fixed cache length ``len(context_ids)``); widths interleave within each repeat so
     drift hits them alike. The block is the context's tokens again (real ids, not zeros)."""
-    admitted, prefilled = capture_prefill(engine, context_ids)
-    start, cells = prefilled.end, prefilled.presents
+    state = prefilled(engine, context_ids)
+    start, cells, admitted = state.consumed, state.cells, state.admitted
+    controls = dict(admitted.initial_controls)  # as the prefill pass saw them
     blocks = {w: list(islice(cycle(context_ids), w)) for w in widths}
     timings = {w: WidthTiming(w, [], [], []) for w in widths}
-    bare = {w: bare_run(engine, blocks[w], start, cells, admitted) for w in widths}
+    bare = {w: bare_run(engine, blocks[w], start, cells, admitted, controls) for w in widths}
     with InvokeClock(engine) as clock:
         for repeat in range(warmup + repeats):
             for w in widths:
                 clock.reset()
                 started = time.perf_counter()
-                engine.target.run(blocks[w], start, cells, admitted)
+                engine.target.run(blocks[w], start, cells, admitted, controls)
                 engine.seam.synchronize(engine.device)  # whatever the pass left queued
                 elapsed = time.perf_counter() - started
                 bare_s = bare[w]()
@@ -123,21 +116,16 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
     return [timings[w] for w in widths]
 
 
-def bare_run(engine: Engine, block: Sequence[int], start: int, cells, admitted: Admitted
-             ) -> Callable[[], float]:
+def bare_run(engine: Engine, block: Sequence[int], start: int, cells, admitted: Admitted,
+             controls) -> Callable[[], float]:
     """A timer of ONNX Runtime's run alone for the target pass over ``block``: the pass's
-    inputs (as `TargetPass` makes them) bound once, then each call runs the session on them
-    and waits for the device, with none of the runtime's Python. Pass time minus this is what
-    the runtime adds to a pass."""
+    inputs (as `TargetPass.bind` makes them) bound once, then each call runs the session on
+    them and waits for the device, with none of the runtime's Python. Pass time minus this is
+    what the runtime adds to a pass."""
     session = engine.sessions[engine.package.plan.target]
-    calls: list[Invocation] = []
-    record = calls.append  # the pass's inputs and outputs, as the session bound them
-    session.observers.append(record)
-    try:
-        engine.target.run(block, start, cells, admitted)
-    finally:
-        session.observers.remove(record)
-    binding = session.bind(calls[0].inputs, calls[0].outputs)
+    values, _ = engine.target.bind(block, start, cells, admitted, controls)
+    binding = session.bind(engine.target.port_values(values),
+                           list(engine.package.plan.target_outputs))
 
     def timed() -> float:
         started = time.perf_counter()

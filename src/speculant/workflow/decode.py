@@ -1,58 +1,34 @@
-"""Prefill and the caches a decode starts from (runtime.md §2.3, §5)."""
+"""The decode: prefill, then rounds until a stop rule fires (runtime.md §2.3, §14).
+
+The loop invariant is :class:`~speculant.workflow.state.DecodeState`'s: between passes the
+caches hold exactly the consumed positions and the pending token is the target's latest
+choice. Everything a decode counts lands in ``state.stats``, returned with the state.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Iterator
 
-from speculant.errors import AdmissionError
-from speculant.package.package import Package
-from speculant.tensors import NUMPY_DTYPES, Value
+from speculant.speculative.proposal import Proposer
+from speculant.speculative.round import run_round
 from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState
 from speculant.workflow.target_pass import TargetPass
 
 
-def empty_cells(package: Package) -> dict[str, Value]:
-    """Each cell as an empty host tensor: extent 1 on the request axis, 0 on the group's
-    sequence axis, the contract's fixed extents, and the owner graph's static extents for
-    symbolic axes."""
-    plan = package.plan
-    graph_inputs = {i.name: i for i in package.graphs[plan.target].graph.input}
-    cells = {}
-    for cell in plan.cells.values():
-        contract = cell.contract
-        graph_dims = graph_inputs[cell.owner_input].type.tensor_type.shape.dim
-        shape = []
-        for axis, dim in enumerate(contract.dims):
-            if axis == cell.sequence_axis:
-                shape.append(0)
-            elif contract.batch_layout.kind == "request_aligned" and \
-                    axis == contract.batch_layout.axis:
-                shape.append(1)
-            elif isinstance(dim, int):
-                shape.append(dim)
-            elif axis < len(graph_dims) and graph_dims[axis].HasField("dim_value"):
-                shape.append(graph_dims[axis].dim_value)
-            else:
-                raise AdmissionError(
-                    f"cell '{cell.name}' axis {axis} ({dim!r}) has no static extent in the "
-                    f"contract or in input '{cell.owner_input}' of the target graph, so its "
-                    "empty starting value cannot be built",
-                    path=f"pipeline.workflow.state.{cell.name}.contract.shape.{axis}",
-                    remedy="fix the extent in the contract or the graph")
-        cells[cell.name] = Value.host(np.zeros(shape, NUMPY_DTYPES[contract.dtype]),
-                                      contract.dtype)
-    return cells
-
-
-def prefill(state: DecodeState, target: TargetPass) -> list[int]:
-    """Pass over the prompt from empty caches; commit the first token (it becomes pending):
-    the argmax of the last row, or under sampling a draw from its ``T(row)``."""
-    seam = state.seam
-    prompt = state.tokens[: state.prompt_len]
-    vp = target.run(prompt, 0, state.cells, state.admitted)
-    last_row = seam.last_along_axis(vp.logits, vp.logits.rank - 2)  # [1, 1, V]
-    first, _ = choose(seam, state.sampler, last_row, state.stats)
-    state.stats.target_passes += 1
-    state.advance(vp, len(prompt))
-    return state.commit([first])
+def decode(state: DecodeState, target: TargetPass, proposer: Proposer | None,
+           k: int) -> Iterator[int]:
+    """Yield each committed token as it is committed; ``state`` holds the rest."""
+    # 1. Serving controls that say "inactive" or "done" get an empty result, no pass.
+    if not state.is_active:
+        state.stop("inactive")
+        return
+    # 2. Prefill: a pass over the prompt from empty caches; its last row gives the first
+    #    token (argmax, or a draw from T(row)), which becomes pending.
+    prefill = target.run(state.tokens, 0, state.cells, state.admitted, state.controls)
+    last_row = state.seam.last_along_axis(prefill.logits, prefill.logits.rank - 2)  # [1,1,V]
+    first, _ = choose(state.seam, state.sampler, last_row)
+    yield from state.record_prefill(prefill, first)
+    # 3. Rounds: propose, verify, then the state rolls back and commits with stop checks.
+    while not state.is_stopped:
+        yield from state.record(run_round(state, target, proposer, k))

@@ -48,7 +48,7 @@ import numpy as np
 
 from speculant_tools.export.config import EMBEDDING, ExportError, LlamaConfig, target_shapes
 from speculant_tools.export.package import read_settings, read_weights, write_pair_package
-from speculant_tools.export.widen import widen_weights, widened_config
+from speculant_tools.export.widen import layer_order, widen_weights, widened_config
 
 RECORD = "cost_scale.json"
 MULTIPLE = 256  # the widened intermediate size is a multiple of this
@@ -113,13 +113,6 @@ def plan(config: LlamaConfig, params: str | int, num_layers: int | None = None,
     return dataclasses.replace(config, num_hidden_layers=layers,
                                intermediate_size=intermediate_size,
                                drafter_intermediate_size=config.drafter_intermediate_size)
-
-
-def layer_order(trained_layers: int, num_layers: int) -> list[int | None]:
-    """Source of each layer of the scaled target: a trained layer's index, or None for an
-    added layer. Added layers go just before the trained last layer, which stays last."""
-    extra = num_layers - trained_layers
-    return [*range(trained_layers - 1), *([None] * extra), trained_layers - 1]
 
 
 # -- weights --------------------------------------------------------------------------------

@@ -56,6 +56,13 @@ SHAPES = {  # named real shapes: LlamaConfig fields
 }
 
 
+def layer_order(trained_layers: int, num_layers: int) -> list[int | None]:
+    """Source of each layer of the scaled target: a trained layer's index, or None for an
+    added layer. Added layers go just before the trained last layer, which stays last."""
+    extra = num_layers - trained_layers
+    return [*range(trained_layers - 1), *([None] * extra), trained_layers - 1]
+
+
 def shape_fields(shape: str | Mapping[str, int]) -> dict[str, int]:
     if isinstance(shape, str):
         if shape not in SHAPES:
@@ -111,7 +118,6 @@ def widen_weights(config: LlamaConfig, target: Mapping[str, np.ndarray],
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The target's and the drafter's weights at ``wide`` (from :func:`widened_config`), in
     the trained dtype, with the trained function (module docstring)."""
-    from speculant_tools.export.cost_scale import layer_order
 
     rng = np.random.default_rng(seed)
     dtype = target[EMBEDDING].dtype
