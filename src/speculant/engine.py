@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from speculant.errors import RequestError
+from speculant.generation import Decode, Generation, Stream, Turns
 from speculant.package.package import Package
 from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
@@ -25,7 +26,6 @@ from speculant.speculative.proposal import Proposer
 from speculant.tensors.seam import make_seam, residency_for_device
 from speculant.text.chat import ChatTemplate, load_chat_template
 from speculant.text.tokenizer import load_tokenizer
-from speculant.workflow.generation import Decode, Generation, Stream, Turns
 from speculant.workflow.options import GenerationOptions, checked_text, checked_token_ids
 from speculant.workflow.request import Request, admit_request
 from speculant.workflow.sampler import Sampler
