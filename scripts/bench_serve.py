@@ -222,7 +222,8 @@ def _summary(config: str, passes: list[tuple[list[dict], float, dict[str, float]
 def _add_engine_alone(results: list[dict], prompts: list, args: argparse.Namespace) -> None:
     """The same requests through ``engine.generate`` in this process, one after another (no
     HTTP, no concurrency): tokens per second of decode time, beside each config."""
-    from speculant.serve.engine_adapter import GenerationOptions, load_engine
+    from speculant import GenerationOptions
+    from speculant.serve import load_engine
 
     engine = load_engine(args.package, threads=args.threads)
     num_requests = args.clients * args.requests

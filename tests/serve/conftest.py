@@ -27,8 +27,8 @@ openai = pytest.importorskip("openai", reason="the openai client is not installe
 import uvicorn  # noqa: E402
 
 from builders.writers import write_chained_package  # noqa: E402
+from speculant.serve import load_engine  # noqa: E402
 from speculant.serve.app import create_app  # noqa: E402
-from speculant.serve.engine_adapter import load_engine  # noqa: E402
 
 MODEL = "fixture"
 # Only characters of the fixture vocabulary (letters, space, parentheses, newline).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from speculant.serve.engine_adapter import GenerationOptions
+from speculant import GenerationOptions
 
 MODEL = "fixture"  # conftest.MODEL
 NUM_CLIENTS = 16

@@ -8,8 +8,8 @@ import openai
 import pytest
 
 from builders.writers import write_decoder_package
+from speculant.serve import load_engine
 from speculant.serve.app import MAX_BODY_BYTES, create_app
-from speculant.serve.engine_adapter import load_engine
 
 MODEL = "fixture"  # conftest.MODEL
 JSON = {"Content-Type": "application/json"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from speculant.serve.engine_adapter import GenerationOptions
+from speculant import GenerationOptions
 
 MODEL = "fixture"  # conftest.MODEL
 

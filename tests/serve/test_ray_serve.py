@@ -15,7 +15,7 @@ serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed: "
                                                 "pip install 'speculant[ray]'")
 openai = pytest.importorskip("openai", reason="the openai client is not installed")
 
-from speculant.serve.engine_adapter import GenerationOptions  # noqa: E402
+from speculant import GenerationOptions  # noqa: E402
 from speculant.serve.ray_app import build  # noqa: E402
 
 MODEL = "fixture"  # conftest.MODEL

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from speculant.serve.engine_adapter import GenerationOptions
+from speculant import GenerationOptions
 
 MODEL = "fixture"  # conftest.MODEL
 

@@ -8,6 +8,8 @@ extra to install when one is missing. Nothing in the runtime imports this packag
 from __future__ import annotations
 
 from importlib import import_module
+from pathlib import Path
+from typing import Any
 
 from speculant.errors import SpeculantError
 
@@ -28,3 +30,17 @@ def require(extra: str) -> None:
                 f"`speculant serve{' --ray' if extra == 'ray' else ''}` needs {module}, which "
                 "is not installed", value=str(error),
                 remedy=f"pip install 'speculant[{extra}]'") from None
+
+
+def load_engine(package: str, device: str = "cpu", draft: str | None = None,
+                threads: int | None = None) -> Any:
+    """``speculant.load(package)``, where ``package`` may also be ``demo`` (the bundled demo
+    package) until ``speculant.load`` resolves built-in names itself; ``threads``: ONNX
+    Runtime's intra-op threads per session (None: ORT's default)."""
+    import speculant
+
+    if package == "demo" and not Path(package).is_dir():
+        from speculant.cli import demo_package
+
+        package = str(demo_package())
+    return speculant.load(package, device=device, draft=draft, threads=threads)

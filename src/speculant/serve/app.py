@@ -25,9 +25,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from speculant import GenerationOptions
 from speculant.errors import RequestError, SpeculantError
 from speculant.serve.body_limit import BodyLimit
-from speculant.serve.engine_adapter import GenerationOptions
 from speculant.serve.schemas import ChatRequest, CompletionRequest
 from speculant.serve.service import Piece, Service
 
@@ -36,8 +36,9 @@ MAX_BODY_BYTES = 1 << 20  # 1 MiB
 
 def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None = None, *,
                max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The app over ``engine`` (an engine with the request-scoped API: ``adapt(engine)``);
-    requests leave out fields to take ``defaults``."""
+    """The app over ``engine`` (``speculant.load``'s, or anything with its
+    ``generate``/``stream``/``chat``/``chat_stream``); requests leave out fields to take
+    ``defaults``."""
     app = FastAPI(title="speculant", docs_url=None, redoc_url=None)
     service = Service(engine, model_name, defaults or GenerationOptions())
     app.state.service = service

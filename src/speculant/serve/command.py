@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 
 from speculant.errors import SpeculantError
-from speculant.serve import require
+from speculant.serve import load_engine, require
 
 PROPOSERS = ("chained", "draft", "prompt_lookup")
 
 
 def _defaults() -> dict:
-    from speculant.serve.engine_adapter import GenerationOptions
+    from speculant import GenerationOptions
 
     return {f.name: f.default for f in dataclasses.fields(GenerationOptions)}
 
@@ -65,7 +65,7 @@ def serve(
             raise typer.BadParameter(f"{proposer!r} is not one of {', '.join(PROPOSERS)}",
                                      param_hint="--proposer")
         require("serve")
-        from speculant.serve.engine_adapter import GenerationOptions
+        from speculant import GenerationOptions
 
         defaults = GenerationOptions(max_new_tokens=max_tokens, proposer=proposer, k=k,
                                      temperature=temperature, top_p=top_p, seed=seed)
@@ -81,7 +81,6 @@ def serve(
         import uvicorn
 
         from speculant.serve.app import create_app
-        from speculant.serve.engine_adapter import load_engine
 
         engine = load_engine(package, device=device, draft=draft, threads=threads)
         app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)

@@ -10,8 +10,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from speculant.serve.engine_adapter import accepted_drafts
-
 # Seconds; vLLM's buckets for time to first token and end-to-end latency.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -66,7 +64,7 @@ class ServerMetrics:
         if stats.rounds:
             self.num_drafts.labels(name).inc(stats.rounds)
             self.num_draft_tokens.labels(name).inc(stats.drafts_proposed)
-            self.num_accepted_tokens.labels(name).inc(accepted_drafts(stats))
+            self.num_accepted_tokens.labels(name).inc(stats.drafts_accepted)
             for position, count in enumerate(stats.accepted_at):
                 self.accepted_per_pos.labels(name, str(position)).inc(count)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ray import serve
 
-from speculant.serve.engine_adapter import GenerationOptions
+from speculant import GenerationOptions
 
 
 @serve.deployment(name="speculant")
@@ -33,7 +33,7 @@ from speculant.serve.engine_adapter import GenerationOptions
 class SpeculantReplica:
     def __init__(self, package: str, model_name: str, defaults: dict, device: str = "cpu",
                  draft: str | None = None, threads: int | None = None) -> None:
-        from speculant.serve.engine_adapter import load_engine
+        from speculant.serve import load_engine
 
         self.engine = load_engine(package, device=device, draft=draft, threads=threads)
         self.model_name = model_name

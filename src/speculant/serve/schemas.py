@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from speculant.serve.engine_adapter import GenerationOptions
+from speculant import GenerationOptions
 
 PROPOSERS = ("chained", "draft", "prompt_lookup")
 MAX_STOP_STRINGS = 4  # OpenAI's limit

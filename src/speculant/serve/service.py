@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from speculant.serve.engine_adapter import GenerationOptions
+from speculant import GenerationOptions
 from speculant.serve.metrics import ServerMetrics
 
 _END = object()
