@@ -9,8 +9,7 @@ import typer
 
 from speculant.errors import SpeculantError
 from speculant.serve import load_engine, require
-
-PROPOSERS = ("chained", "draft", "prompt_lookup")
+from speculant.serve.schemas import PROPOSERS
 
 
 def _defaults() -> dict:

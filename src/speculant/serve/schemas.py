@@ -14,8 +14,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from speculant import GenerationOptions
+from speculant.speculative.kinds import NAMES
 
-PROPOSERS = ("chained", "draft", "prompt_lookup")
+PROPOSERS = NAMES  # the kinds registry's names: chained, draft, prompt_lookup
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256
 
