@@ -302,7 +302,8 @@ def inspect(
 
 # Where the distribution is not installed (a checkout on PYTHONPATH) there are no entry
 # points; these are the in-tree plugins the wheel declares under ``speculant.commands``.
-IN_TREE_PLUGINS = ("speculant_tools.cli:register", "speculant_bench.cli:register")
+IN_TREE_PLUGINS = ("speculant_tools.cli:register", "speculant_bench.cli:register",
+                   "speculant.serve.command:register")
 _registered: set[str] = set()
 
 
