@@ -114,10 +114,16 @@ def _config(fields: _Fields) -> LlamaConfig:
             num_key_value_heads=fields.get(f"{arch}.attention.head_count_kv", heads),
             intermediate_size=fields.need(f"{arch}.feed_forward_length"),
             max_position_embeddings=fields.need(f"{arch}.context_length"), head_dim=head_dim,
-            rms_norm_eps=float(fields.need(f"{arch}.attention.layer_norm_rms_epsilon")),
-            rope_theta=float(fields.get(f"{arch}.rope.freq_base", 10000.0)))
+            rms_norm_eps=_decimal(fields.need(f"{arch}.attention.layer_norm_rms_epsilon")),
+            rope_theta=_decimal(fields.get(f"{arch}.rope.freq_base", 10000.0)))
     except ExportError as error:
         raise ImporterError(f"{error}", file=fields.file) from None
+
+
+def _decimal(value: float) -> float:
+    """A GGUF float32 as the shortest decimal that rounds to it (1e-05, not 9.99999974e-06),
+    as the checkpoint's config.json had it."""
+    return float(str(np.float32(value)))
 
 
 def _hf_name(name: str) -> str | None:
