@@ -9,11 +9,11 @@ import json
 import gguf
 import numpy as np
 import pytest
-from export.export_reference import greedy
 from gguf import GGMLQuantizationType as Q
 from gguf_models import BOS_ID, CHAT_TEMPLATE, CONFIG, EOS_ID, write_gguf
 
 import speculant
+from export.export_reference import greedy
 from speculant_tools.export import read_weights
 from speculant_tools.importers import ImporterError, import_model, read_checkpoint
 from speculant_tools.importers.gguf_file import _hf_name, permute_rows, unpermute_rows
