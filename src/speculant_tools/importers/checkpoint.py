@@ -132,3 +132,19 @@ def tokenizer_config(chat_template: str | None, bos: str | None, eos: str | None
     if chat_template is not None:
         data["chat_template"] = chat_template
     return data
+
+
+def read_tokenizer_config(folder: Path) -> dict[str, Any]:
+    """``folder/tokenizer_config.json`` (empty where absent) with the chat template folded
+    in from ``chat_template.jinja``, where transformers 5 writes it."""
+    path = folder / TOKENIZER_CONFIG
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError) as error:
+        raise ImporterError(f"cannot read the JSON: {error}", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise ImporterError("expected a JSON object", file=str(path), value=type(data).__name__)
+    template = folder / "chat_template.jinja"
+    if "chat_template" not in data and template.is_file():
+        data["chat_template"] = template.read_text(encoding="utf-8")
+    return data

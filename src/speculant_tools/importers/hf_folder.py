@@ -12,10 +12,10 @@ import numpy as np
 
 from speculant_tools.export import ExportError, LlamaConfig
 from speculant_tools.importers.checkpoint import (
-    TOKENIZER_CONFIG,
     Checkpoint,
     ImporterError,
     Progress,
+    read_tokenizer_config,
 )
 
 ARCHITECTURES = ("LlamaForCausalLM",)
@@ -25,10 +25,8 @@ def is_hf_folder(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def _json(path: Path, required: bool = True) -> dict[str, Any]:
+def _json(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        if not required:
-            return {}
         raise ImporterError("the checkpoint folder lacks this file", file=str(path),
                             remedy="save the model and its tokenizer with save_pretrained")
     try:
@@ -63,7 +61,7 @@ def read_hf_folder(folder: str | Path, progress: Progress | None = None) -> Chec
         eos = eos[0] if eos else None
     return Checkpoint(config=config, weights=_safetensors(folder, progress),
                       tokenizer_json=tokenizer_json.read_text(encoding="utf-8"),
-                      tokenizer_config=_json(folder / TOKENIZER_CONFIG, required=False),
+                      tokenizer_config=read_tokenizer_config(folder),
                       eos_id=eos, source=str(folder))
 
 
