@@ -96,9 +96,9 @@ def import_command(
                                                 "onnxruntime-genai model folder.")],
     out: Annotated[Path, typer.Argument(help="Folder for the package (new or empty).")],
     dtype: Annotated[str, typer.Option(help="float32 or float16: weights and IO.")] = "float32",
-    quantize: Annotated[str | None, typer.Option(help="int4 (MatMulNBits): refused until its "
-                                                      "exactness under speculation is "
-                                                      "shown.")] = None,
+    quantize: Annotated[str | None, typer.Option(help="int4: the target's linear layers as "
+                                                      "MatMulNBits (float32 compute, so "
+                                                      "speculation stays exact).")] = None,
     graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
 ) -> None:
     """Write a speculant package from a GGUF file or a model folder."""

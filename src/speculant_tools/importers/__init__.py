@@ -74,7 +74,7 @@ def import_model(source: str | Path, out: str | Path, *, dtype: str = "float32",
                  quantize: str | None = None, graph: str = "auto",
                  progress: Progress | None = None) -> Path:
     """Write the speculant package of ``source`` into ``out`` (a new or empty folder)."""
-    check_quantize(quantize)
+    check_quantize(quantize, dtype)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ImporterError("the output folder exists and is not empty", file=str(out),
@@ -82,11 +82,15 @@ def import_model(source: str | Path, out: str | Path, *, dtype: str = "float32",
     if detect(source) == "genai":
         from speculant_tools.importers.genai_folder import import_genai_folder
 
+        if quantize is not None:
+            raise ImporterError("an onnxruntime-genai graph is copied as it is, never "
+                                "quantized here", path="quantize", value=quantize,
+                                remedy="quantize with genai's builder (-p int4)")
         return import_genai_folder(source, out, dtype=dtype)
     checkpoint = read_checkpoint(source, progress)
     if progress is not None:
         progress(f"writing the {dtype} graph", 0, 1)
-    write_checkpoint(checkpoint, out, dtype=dtype, graph=graph)
+    write_checkpoint(checkpoint, out, dtype=dtype, graph=graph, quantize=quantize)
     if progress is not None:
         progress(f"wrote {out}", 1, 1)
     return out

@@ -61,8 +61,9 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
                      graph: str = "auto", quantize: str | None = None,
                      drafter: Drafter | None = None) -> Path:
     """Write ``checkpoint`` as a package in ``out``: a chained pair with ``drafter``, a
-    greedy decoder without; ``tokenizer.json`` and ``tokenizer_config.json`` beside."""
-    check_quantize(quantize)
+    greedy decoder without; ``tokenizer.json`` and ``tokenizer_config.json`` beside.
+    ``quantize="int4"``: the target's linear layers as MatMulNBits (``importers.int4``)."""
+    check_quantize(quantize, dtype)
     out = Path(out)
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = Path(scratch) / "tokenizer.json"
@@ -77,24 +78,24 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
                                dtype=dtype, scale=drafter.scale,
                                max_proposal_width=drafter.max_proposal_width,
                                eos_id=checkpoint.eos_id, graph=graph)
+    if quantize == "int4":
+        from speculant_tools.importers.int4 import quantize_int4
+
+        quantize_int4(out / ("decoder" if drafter is None else "target") / "model.onnx")
     (out / TOKENIZER_CONFIG).write_text(
         json.dumps(checkpoint.tokenizer_config, indent=2, ensure_ascii=False) + "\n",
         encoding="utf-8")
     return out
 
 
-def check_quantize(quantize: str | None) -> None:
-    """``--quantize int4`` is refused: MatMulNBits weights are not yet shown to keep a
-    k-token verification pass equal to k one-token passes, which speculation relies on."""
+def check_quantize(quantize: str | None, dtype: str = "float32") -> None:
     if quantize not in QUANTIZATIONS:
         raise ImporterError("unknown quantization", path="quantize", value=quantize,
                             expected="int4, or none")
-    if quantize == "int4":
-        raise ImporterError(
-            "int4 (MatMulNBits) import is not supported yet: its exactness under "
-            "speculation (a k-token pass equal to k one-token passes) is not established",
-            path="quantize", value=quantize,
-            remedy="import without --quantize (float32, or --dtype float16)")
+    if quantize == "int4" and dtype != "float32":
+        raise ImporterError("int4 (MatMulNBits) is written for float32 packages",
+                            path="quantize", value=(quantize, dtype),
+                            remedy="import with --dtype float32 --quantize int4")
 
 
 def read_drafter(folder: Path, config: LlamaConfig) -> Drafter | None:
