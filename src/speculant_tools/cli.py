@@ -112,7 +112,8 @@ def import_command(
     except SpeculantError as error:
         fail(error)
         return
-    stderr.print(escape(f"wrote {out} ({dtype})"), highlight=False)
+    stderr.print(escape(f"wrote {out} ({dtype}{', int4 weights' if quantize else ''})"),
+                 highlight=False)
 
 
 @metadata_app.command("name-axes")
