@@ -26,9 +26,7 @@ import time
 from pathlib import Path
 
 import speculant
-from speculant.workflow.decode import empty_cells
-from speculant.workflow.request import Request, admit
-from speculant.workflow.state import DecodeState, StopRules
+from speculant.workflow.state import DecodeState
 
 MAX_WIDTH = 8
 
@@ -67,19 +65,12 @@ def real_text(engine, items) -> dict:
     pairs = {k: [] for k in widths(engine)}
     for prompt, continuation in items:
         text = list(prompt) + list(continuation)
-        request = Request(tuple(text), 1)
-        admitted = admit(plan, engine.package.document.workflow.inputs, request,
-                         vocab_size=engine.vocab_size, static_context_cap=None,
-                         never_materialized=engine._fused_values())
-        vp = engine.target.run(text, 0, empty_cells(engine.package), admitted)
+        start = engine.admit(list(text), 1)  # admitted (the context cap applies), no pass yet
+        vp = engine.target.run(text, 0, start.cells, start.admitted, start.controls)
         for k in widths(engine):
             for c in range(len(prompt) - 1, len(text) - 2 - k):
-                cells = {name: seam.truncate_axis(vp.presents[name],
-                                                  plan.cells[name].sequence_axis, c + 1)
-                         for name in plan.cells}
-                state = DecodeState(seam, plan, StopRules(1, frozenset(), (), None), admitted,
-                                    text[:c + 2], c + 1, cells, consumed=c + 1, latest=vp,
-                                    keep=c + 1)
+                state = DecodeState.after_pass(seam, plan, start.admitted, text[:c + 2], vp,
+                                               num_kept=c + 1)
                 drafts = engine.proposer.propose(state, k).tokens
                 a = 1
                 while a <= k and drafts[a - 1] == text[c + 1 + a]:

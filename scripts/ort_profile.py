@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 import speculant
+from speculant.session.binding import bind_input
 from speculant.tensors import NUMPY_DTYPES, Value
 
 WARMUP = 5
@@ -72,7 +73,7 @@ def main() -> None:
         value = Value.host(np.asarray(array).astype(NUMPY_DTYPES[dtype]), dtype)
         value = seam.adopt(value, residency) if residency != "host" else value
         keep.append(value)
-        component._bind_input(binding, item.name, value)
+        bind_input(binding, item.name, value, seam.backend(value.residency))
     for item in session.get_outputs():
         if residency == "host":
             binding.bind_output(item.name, "cpu")

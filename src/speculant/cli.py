@@ -1,4 +1,4 @@
-"""The `speculant` command: the runtime's own commands (generate, inspect), and the commands
+"""The `speculant` command: the runtime's own commands (generate, chat, inspect), and the commands
 of installed plugins (the tools' convert / scale-target / export-hf / metadata, the bench's
 bench), which register themselves through the ``speculant.commands`` entry points; the runtime
 imports none of them."""
@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import sys
 from importlib import import_module, resources
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 from rich.table import Table
 
 from speculant.errors import SpeculantError
+from speculant.speculative.kinds import AUTO, KINDS
+from speculant.workflow.options import DEFAULTS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Speculative decoding for ONNX inference packages.")
@@ -35,99 +38,212 @@ def fail(error: SpeculantError) -> None:
     raise typer.Exit(2)
 
 
+DEFAULT_PROMPT = "def "
+PROPOSER_HELP = ("Proposer: " + ", ".join(f"{kind.name} ({kind.help})" for kind in KINDS.values())
+                 + f", or {AUTO} (chained where the package allows it).")
+
+PackageArg = Annotated[Path | None, typer.Argument(help="Package folder (default: the bundled "
+                                                        "demo package).")]
+MaxNewTokens = Annotated[int, typer.Option(help="Tokens to generate at most.")]
+Speculative = Annotated[bool, typer.Option(help="Speculate with the declared chained proposer "
+                                                "(= --proposer chained).")]
+ProposerOpt = Annotated[str | None, typer.Option(help=PROPOSER_HELP)]
+DraftOpt = Annotated[Path | None, typer.Option(help="Draft-model package (a greedy decoder with "
+                                                    "the target's vocabulary); implies "
+                                                    "--proposer draft.")]
+KOpt = Annotated[int | None, typer.Option(help="Drafts per round (default: the proposer kind's "
+                                               "bound: max_proposal_width for chained, the "
+                                               "target's rollback_positions otherwise).")]
+Temperature = Annotated[float, typer.Option(help="0: greedy; above 0: sample (the output "
+                                                 "follows the target's distribution).")]
+TopK = Annotated[int, typer.Option(help="Sample among the k most probable ids (0: all).")]
+TopP = Annotated[float, typer.Option(help="Sample within the smallest set of ids of this "
+                                          "mass.")]
+MinP = Annotated[float, typer.Option(help="Drop ids below this fraction of the most probable "
+                                          "one's probability.")]
+Seed = Annotated[int, typer.Option(help="Seed of the request's sampling generator.")]
+Device = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
+Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads per session "
+                                                  "(default: ORT's, one per physical core).")]
+StopOpt = Annotated[list[str] | None, typer.Option(help="Stop string (repeatable); the text "
+                                                        "ends before it.")]
+
+
+def version_callback(is_asked: bool) -> None:
+    if is_asked:
+        try:
+            version = package_version("speculant")
+        except PackageNotFoundError:
+            version = "unknown (not installed)"
+        print(f"speculant {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: Annotated[bool, typer.Option("--version", callback=version_callback,
+                                               is_eager=True,
+                                               help="Print the version and exit.")] = False
+         ) -> None:
+    """Speculative decoding for ONNX inference packages."""
+
+
+def load_engine(package: Path | None, device: str, draft: Path | None, threads: int | None):
+    from speculant.engine import load
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=stderr,
+                  transient=True) as progress:
+        progress.add_task(escape(f"loading {package or 'the demo package'} on {device}"))
+        return load(package or demo_package(), device=device, draft=draft, threads=threads)
+
+
+def options_of(max_new_tokens: int, speculative: bool, proposer: str | None,
+               draft: Path | None, k: int | None, temperature: float, top_k: int,
+               top_p: float, min_p: float, seed: int, stop: list[str] | None):
+    from speculant.workflow.options import GenerationOptions
+
+    if proposer is None and draft is not None:
+        proposer = "draft"  # --draft PATH alone: decode with that draft model
+    return GenerationOptions.of(max_new_tokens=max_new_tokens, proposer=proposer, k=k,
+                                temperature=temperature, top_k=top_k, top_p=top_p,
+                                min_p=min_p, seed=seed, stop=tuple(stop or ()),
+                                speculative=speculative)
+
+
+def read_prompt(prompt: str) -> str:
+    """``-`` reads standard input."""
+    return sys.stdin.read() if prompt == "-" else prompt
+
+
 @app.command()
 def generate(
-    package: Annotated[Path | None, typer.Argument(help="Package folder (default: the "
-                                                        "bundled demo package).")] = None,
-    prompt: Annotated[str, typer.Option(help="Prompt text.")] = "def ",
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 64,
-    speculative: Annotated[bool, typer.Option(help="Speculate with the declared chained "
-                                                   "proposer (= --proposer chained).")] = False,
-    proposer: Annotated[str | None, typer.Option(help="chained (declared by the package), "
-                                                      "draft (the --draft model) or lookup "
-                                                      "(prompt n-grams).")] = None,
-    draft: Annotated[Path | None, typer.Option(help="Draft-model package (a greedy decoder "
-                                                    "with the target's vocabulary); implies "
-                                                    "--proposer draft.")] = None,
-    k: Annotated[int | None, typer.Option(help="Drafts per round (default: the proposer's "
-                                               "bound: max_proposal_width for chained, "
-                                               "rollback_positions otherwise).")] = None,
-    temperature: Annotated[float, typer.Option(help="0: greedy; above 0: sample (the "
-                                                    "output follows the target's "
-                                                    "distribution).")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="Sample among the k most probable ids (0: "
-                                            "all).")] = 0,
-    top_p: Annotated[float, typer.Option(help="Sample within the smallest set of ids of "
-                                              "this mass.")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Seed of the request's sampling "
-                                           "generator.")] = 0,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
-    stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
+    package: PackageArg = None,
+    prompt: Annotated[str, typer.Option(help="Prompt text; - reads standard input.")] =
+        DEFAULT_PROMPT,
+    chat: Annotated[bool, typer.Option(help="Send the prompt as one user message through the "
+                                            "package's chat template.")] = False,
+    max_new_tokens: MaxNewTokens = DEFAULTS.max_new_tokens,
+    speculative: Speculative = False,
+    proposer: ProposerOpt = DEFAULTS.proposer,
+    draft: DraftOpt = None,
+    k: KOpt = DEFAULTS.k,
+    temperature: Temperature = DEFAULTS.temperature,
+    top_k: TopK = DEFAULTS.top_k,
+    top_p: TopP = DEFAULTS.top_p,
+    min_p: MinP = DEFAULTS.min_p,
+    seed: Seed = DEFAULTS.seed,
+    device: Device = "cpu",
+    threads: Threads = None,
+    stop: StopOpt = None,
+    echo: Annotated[bool, typer.Option(help="Write the prompt before the text.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print text, token ids and stats as "
+                                                         "one JSON object.")] = False,
     stats: Annotated[bool, typer.Option(help="Print acceptance figures and counters to "
                                              "stderr.")] = False,
 ) -> None:
     """Generate text, streaming it to stdout; a summary line goes to stderr."""
-    from speculant.engine import load
-
     try:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=stderr,
-                      transient=True) as progress:
-            progress.add_task(escape(f"loading {package or 'the demo package'} on {device}"))
-            engine = load(package or demo_package(), device=device, draft=draft)
-        kind = CLI_PROPOSERS.get(proposer or "", proposer) or (
-            "chained" if speculative else "draft" if draft is not None else None)
-        if kind is not None and k is None:
-            k = default_width(engine, kind)
-        options = dict(proposer=kind, k=k, stop=tuple(stop or ()), temperature=temperature,
-                       top_k=top_k, top_p=top_p, seed=seed)
-        generation = None
-        pieces = engine.stream(prompt, max_new_tokens, **options) \
-            if engine.tokenizer.has_text else None
-        if pieces is not None:
-            import time
-
-            started = time.perf_counter()
-            first_at = None
-            for piece in pieces:  # the request is admitted before the first piece
-                if first_at is None:
-                    first_at = time.perf_counter()
-                    sys.stdout.write(prompt)
+        options = options_of(max_new_tokens, speculative, proposer, draft, k, temperature,
+                             top_k, top_p, min_p, seed, stop)
+        engine = load_engine(package, device, draft, threads)
+        text = read_prompt(prompt)
+        pieces = (engine.chat_stream([{"role": "user", "content": text}], options) if chat
+                  else engine.stream(text, options))  # admitted here, before any output
+        if echo and not as_json:
+            sys.stdout.write(text)
+        for piece in pieces:
+            if not as_json:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
-            sys.stdout.write(("" if first_at else prompt) + "\n")
-            total = time.perf_counter() - started
-            run_stats = engine.stats
-            ttft = (first_at or started) - started
-        else:
-            generation = engine.generate(prompt, max_new_tokens, **options)
-            print(generation.token_ids)
-            run_stats, total, ttft = generation.stats, generation.total_s, \
-                generation.time_to_first_token_s
+        result = pieces.result
     except SpeculantError as error:
         fail(error)
         return
-    assert run_stats is not None
-    n = run_stats.committed
-    stderr.print(f"{n} tokens in {total:.3f} s ({n / total if total else 0:.1f} tok/s), "
-                 f"time to first token {ttft * 1000:.1f} ms, stop: {run_stats.stop_reason}",
-                 highlight=False)
+    if as_json:
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                          "finish_reason": result.finish_reason,
+                          "num_prompt_tokens": result.num_prompt_tokens,
+                          "time_to_first_token_s": result.time_to_first_token_s,
+                          "total_s": result.total_s, "stats": result.stats.as_dict()}))
+    else:
+        sys.stdout.write("\n")
+    print_summary(result)
     if stats:
-        print_stats(run_stats)
+        print_stats(result.stats)
 
 
-CLI_PROPOSERS = {"lookup": "prompt_lookup"}  # --proposer names that differ from the API's
+@app.command()
+def chat(
+    package: PackageArg = None,
+    system: Annotated[str | None, typer.Option(help="A system message that opens the "
+                                                    "conversation.")] = None,
+    max_new_tokens: MaxNewTokens = DEFAULTS.max_new_tokens,
+    speculative: Speculative = False,
+    proposer: ProposerOpt = DEFAULTS.proposer,
+    draft: DraftOpt = None,
+    k: KOpt = DEFAULTS.k,
+    temperature: Temperature = DEFAULTS.temperature,
+    top_k: TopK = DEFAULTS.top_k,
+    top_p: TopP = DEFAULTS.top_p,
+    min_p: MinP = DEFAULTS.min_p,
+    seed: Seed = DEFAULTS.seed,
+    device: Device = "cpu",
+    threads: Threads = None,
+) -> None:
+    """Talk with the package's model: each answer streams; /stats shows the last answer's
+    statistics, /reset starts over, /exit (or end of input) leaves."""
+    try:
+        options = options_of(max_new_tokens, speculative, proposer, draft, k, temperature,
+                             top_k, top_p, min_p, seed, None)
+        engine = load_engine(package, device, draft, threads)
+        # no template, or options the engine refuses: refused now, before the first turn
+        engine.admit(engine.render_chat([{"role": "user", "content": "hi"}]), options)
+    except SpeculantError as error:
+        fail(error)
+        return
+    opening = [{"role": "system", "content": system}] if system else []
+    messages, last = list(opening), None
+    stderr.print("/stats, /reset, /exit", highlight=False)
+    while True:
+        sys.stdout.write("> ")
+        sys.stdout.flush()
+        line = sys.stdin.readline()
+        command = line.strip()
+        if not line or command == "/exit":
+            break
+        if command == "/reset":
+            messages, last = list(opening), None
+            continue
+        if command == "/stats":
+            if last is None:
+                stderr.print("no answer yet", highlight=False)
+            else:
+                print_summary(last)
+                print_stats(last.stats)
+            continue
+        if not command:
+            continue
+        try:
+            pieces = engine.chat_stream([*messages, {"role": "user", "content": line.rstrip(
+                "\n")}], options)
+            for piece in pieces:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except SpeculantError as error:
+            stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}",
+                         highlight=False)
+            continue
+        sys.stdout.write("\n")
+        last = pieces.result
+        messages += [{"role": "user", "content": line.rstrip("\n")},
+                     {"role": "assistant", "content": last.text or ""}]
 
 
-def default_width(engine, kind: str) -> int | None:
-    """k when --k is absent: the largest the proposer allows (None: let the API refuse)."""
-    plan = engine.package.plan
-    if kind == "chained":
-        spec = engine.package.document.speculative
-        return spec.max_proposal_width if spec else None
-    bound = plan.undeclared_rollback_bound
-    if kind == "draft" and engine.draft is not None and engine.draft.rollback_bound is not None:
-        bound = min(bound, engine.draft.rollback_bound + 1) if bound else bound
-    return bound
+def print_summary(result) -> None:
+    n, total = len(result.token_ids), result.total_s
+    stderr.print(f"{n} tokens in {total:.3f} s ({n / total if total else 0:.1f} tok/s, "
+                 f"admission to last token, load excluded), time to first token "
+                 f"{result.time_to_first_token_s * 1000:.1f} ms, stop: "
+                 f"{result.stats.stop_reason}", highlight=False)
 
 
 def print_stats(run_stats) -> None:

@@ -52,7 +52,8 @@ DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)
 FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e4m3", "float8_e5m2")
 # The dtypes a Value can hold (numpy storage, and ONNX Runtime moves them): float8 excluded.
 NUMPY_DTYPES: dict[str, np.dtype] = {
-    name: d.numpy for name, d in DTYPES.items() if d.numpy is not None and name not in FLOAT8_DTYPES}
+    name: d.numpy for name, d in DTYPES.items()
+    if d.numpy is not None and name not in FLOAT8_DTYPES}
 _BY_ONNX = {d.onnx: name for name, d in DTYPES.items() if d.onnx is not None}
 _BY_ORT = {d.ort: name for name, d in DTYPES.items() if d.ort is not None}
 

@@ -1,43 +1,42 @@
-"""`load()` and `Engine`: a loaded package, its sessions, and `generate` / `stream`."""
+"""`load()` and `Engine`: a loaded package, its sessions, and the request-scoped API
+(`generate`, `stream`, `chat`, `chat_stream`, `decode`).
+
+Every request is admitted — its options checked by type and range, its prompt against the
+vocabulary and the context, its proposer against its kind's bound — before its first token;
+its statistics come back with its result. Requests to one engine are served one at a time,
+in arrival order: a :class:`Decode` (or the :class:`Stream` over it) holds the engine from
+admission until it is exhausted or closed.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from speculant.errors import RequestError
+from speculant.generation import Decode, Generation, Stream, Turns
 from speculant.package.package import Package
 from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
-from speculant.speculative.factory import ProposerSources, make_proposer
-from speculant.speculative.round import run_round
+from speculant.speculative.kinds import ProposerSources, admit_proposer
+from speculant.speculative.proposal import Proposer
 from speculant.tensors.seam import make_seam, residency_for_device
-from speculant.text.detokenizer import IncrementalDetokenizer
+from speculant.text.chat import ChatTemplate, load_chat_template
 from speculant.text.tokenizer import load_tokenizer
-from speculant.workflow.decode import empty_cells, prefill
-from speculant.workflow.request import Request, admit
+from speculant.workflow.options import GenerationOptions, checked_text, checked_token_ids
+from speculant.workflow.request import Request, admit_request
 from speculant.workflow.sampler import Sampler
 from speculant.workflow.state import DecodeState, StopRules
-from speculant.workflow.stats import DecodeStats
+from speculant.workflow.stop_text import StopText
 from speculant.workflow.target_pass import TargetPass
 
+Prompt = str | Sequence[int]
+Messages = Sequence[Mapping[str, str]]
 
-@dataclass
-class Generation:
-    token_ids: list[int]  # the generated tokens (prompt excluded)
-    text: str | None  # their text, when the package has a tokenizer
-    stats: DecodeStats
-    time_to_first_token_s: float
-    total_s: float
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.token_ids) / self.total_s if self.total_s > 0 else float("inf")
+__all__ = ["Decode", "Engine", "Generation", "Stream", "load"]
 
 
 class Engine:
@@ -63,110 +62,143 @@ class Engine:
             for name in (plan.target, plan.proposer) if name is not None}
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])
         self.vocab_size = package.logits_width
-        self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam,
-                                         self.vocab_size)
+        self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam)
                          if plan.chain is not None and plan.proposer else None)
         self.tokenizer = load_tokenizer(package.tokenizer_file, eos_token_ids=plan.eos_ids,
                                         package=str(package.root))
+        self.chat_template: ChatTemplate | None = load_chat_template(package.tokenizer_file)
         self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
                                  outputs_on_host=outputs_on_host, threads=threads)
                       if draft is not None else None)
-        self.stats: DecodeStats | None = None  # the latest decode's statistics
+        self.proposer_sources = ProposerSources(
+            plan, self.proposer, self.draft, self.vocab_size, self.tokenizer.vocab_size,
+            can_auto_enable=_can_auto_enable(package))
+        self._turns = Turns()
 
-    # -- decoding -------------------------------------------------------------------------
-    def request(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *,
-                speculative: bool = False, proposer: str | None = None, k: int | None = None,
-                stop: Sequence[str] = (), stop_token_ids: Sequence[int] = (),
-                stop_on_eos: bool = True, inputs: Mapping[str, np.ndarray] | None = None,
-                max_context: int | None = None, seed: int = 0, temperature: float = 0.0,
-                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                ngram_range: tuple[int, int] = (1, 3)) -> Request:
-        """Turn API arguments into a :class:`Request` (text prompts are tokenized).
+    # -- the request-scoped API -----------------------------------------------------------
+    def generate(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
+                 inputs: Mapping[str, np.ndarray] | None = None, **fields) -> Generation:
+        """Decode one request to the end. ``options`` (or ``**fields`` of
+        :class:`GenerationOptions`; an int is ``max_new_tokens``) say how; ``inputs`` are
+        caller values for the workflow's declared inputs."""
+        decode = self.decode(prompt, options, inputs=inputs, **fields)
+        for _ in decode:
+            pass
+        return decode.result
 
-        ``proposer``: None (plain decoding), ``"chained"`` (the package's declared proposer;
-        ``speculative=True`` means this), ``"draft"`` (the draft model given to :func:`load`),
-        ``"prompt_lookup"`` (n-grams of the stream, ``ngram_range = (n_min, n_max)``) or
-        ``"auto"``; ``k`` drafts per round. ``temperature`` 0 is greedy (argmax, bit-exact);
-        above 0 tokens are sampled from ``T(row)`` (``top_k`` 0: no limit, ``top_p``,
-        ``min_p``) with one generator seeded by ``seed``, and speculation verifies by
-        rejection sampling, so the output follows the target's distribution exactly."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if any(np.ndim(i) != 0 for i in ids):
-            raise RequestError("the prompt has more than one row; speculant decodes one "
-                               "sequence per request", path="prompt_ids",
-                               expected="a flat sequence of token ids")
-        if speculative and proposer is None:
-            proposer = "chained"
-        sequences = tuple(tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in stop)
-        return Request(tuple(int(i) for i in ids), max_new_tokens, proposer, k,
-                       tuple(stop_token_ids), sequences, stop_on_eos, dict(inputs or {}),
-                       max_context, seed, temperature, top_k, top_p, min_p,
-                       tuple(ngram_range))  # type: ignore[arg-type]
+    def stream(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
+               inputs: Mapping[str, np.ndarray] | None = None, **fields) -> Stream:
+        """Admit now (a bad request raises here, before any piece), then iterate for text
+        pieces as tokens are committed (never a broken UTF-8 character, never stop text);
+        ``stream.result`` once exhausted; ``stream.close()`` stops early."""
+        return Stream(self._open(prompt, GenerationOptions.of(options, **fields), inputs,
+                                 with_text=True))
 
-    def decode(self, request: Request) -> Iterator[int]:
-        """Yield committed token ids as they are committed; stats land in ``self.stats``."""
-        plan = self.package.plan
-        admitted = admit(plan, self.package.document.workflow.inputs, request,
-                         vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
-                         never_materialized=self._fused_values())
-        if request.proposer == "auto":
-            admitted.proposer, admitted.k = self._auto_proposer(request.k)
-        stop_ids = set(request.stop_token_ids)
-        if request.stop_on_eos:
-            stop_ids.update(plan.eos_ids)
-        rules = StopRules(request.max_new_tokens, frozenset(stop_ids), request.stop_sequences,
-                          admitted.context_cap)
-        proposer = make_proposer(admitted.proposer, self._proposer_sources, request, admitted.k)
-        sampler = (Sampler.seeded(admitted.sampling, request.seed)
-                   if admitted.sampling is not None else None)
-        state = DecodeState(self.seam, plan, rules, admitted, list(request.prompt_ids),
-                            len(request.prompt_ids), empty_cells(self.package), sampler=sampler)
-        state.stats.proposer = admitted.proposer
-        self.stats = state.stats
+    def decode(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
+               inputs: Mapping[str, np.ndarray] | None = None, **fields) -> Decode:
+        """Admit now, then iterate for committed token ids; ``.result`` at the end."""
+        options = GenerationOptions.of(options, **fields)
+        return self._open(prompt, options, inputs, with_text=isinstance(prompt, str)
+                          or bool(options.stop))
+
+    def chat(self, messages: Messages, options: GenerationOptions | int | None = None, /,
+             **fields) -> Generation:
+        """:meth:`generate` on ``messages`` rendered by the package's chat template (with
+        the assistant's turn opened); the template's end-of-turn tokens stop it."""
+        prompt, chat_options = self._chat_request(messages, GenerationOptions.of(options,
+                                                                                 **fields))
+        return self.generate(prompt, chat_options)
+
+    def chat_stream(self, messages: Messages, options: GenerationOptions | int | None = None,
+                    /, **fields) -> Stream:
+        """:meth:`stream` on ``messages`` rendered by the package's chat template."""
+        prompt, chat_options = self._chat_request(messages, GenerationOptions.of(options,
+                                                                                 **fields))
+        return self.stream(prompt, chat_options)
+
+    def render_chat(self, messages: Messages) -> str:
+        """The prompt text the chat template makes of ``messages``."""
+        if self.chat_template is None:
+            raise RequestError("this package has no chat template", path="messages",
+                               file=str(self.package.root),
+                               expected="tokenizer_config.json with a chat_template beside "
+                                        "tokenizer.json",
+                               remedy="add the model's tokenizer_config.json to the package, "
+                                      "or send a plain prompt (generate / stream)")
+        return self.chat_template.render(messages, add_generation_prompt=True)
+
+    # -- admission ------------------------------------------------------------------------
+    def admit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
+              inputs: Mapping[str, np.ndarray] | None = None, **fields) -> DecodeState:
+        """Admit a request and return its decode state before the prefill (nothing runs)."""
+        return self._admit(prompt, GenerationOptions.of(options, **fields), inputs,
+                           with_text=False)[0]
+
+    def _open(self, prompt: Prompt, options: GenerationOptions,
+              inputs: Mapping[str, np.ndarray] | None, *, with_text: bool) -> Decode:
+        turn = self._turns.wait()  # arrival order; held until the decode ends
         try:
-            if not self._controls_allow_a_pass(admitted):
-                state.stop_reason = "inactive"
-                return
-            yield from prefill(state, self.target)
-            while not state.is_stopped:
-                yield from run_round(state, self.target, proposer, admitted.k)
-        finally:
-            state.stats.stop_reason = state.stop_reason
-            state.stats.residency = self.seam.counters.snapshot()
+            state, proposer, k = self._admit(prompt, options, inputs, with_text=with_text)
+        except BaseException:
+            turn.release()
+            raise
+        return Decode(state, self.target, proposer, k, turn, self.tokenizer)
 
-    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64,
-                 **options) -> Generation:
-        """Decode one request to the end; see :meth:`request` for the options."""
-        request = self.request(prompt, max_new_tokens, **options)
-        started = time.perf_counter()
-        first_at = None
-        ids: list[int] = []
-        for token in self.decode(request):
-            first_at = first_at or time.perf_counter()
-            ids.append(token)
-        total = time.perf_counter() - started
-        text = self.tokenizer.decode(ids) if self.tokenizer.has_text else None
-        assert self.stats is not None
-        return Generation(ids, text, self.stats, (first_at or started) - started, total)
+    def _admit(self, prompt: Prompt, options: GenerationOptions,
+               inputs: Mapping[str, np.ndarray] | None, *, with_text: bool
+               ) -> tuple[DecodeState, Proposer | None, int]:
+        options = options.checked()
+        if isinstance(prompt, str | bytes | bytearray):
+            prompt_ids = tuple(self.tokenizer.encode(checked_text("prompt", prompt)))
+        else:
+            prompt_ids = checked_token_ids("prompt_ids", prompt)
+        if inputs is not None and not isinstance(inputs, Mapping):
+            raise RequestError("inputs must be a mapping of input name to array",
+                               path="inputs", value=type(inputs).__name__,
+                               expected="a dict or None")
+        request = Request(prompt_ids, options, dict(inputs or {}))
+        plan = self.package.plan
+        admitted = admit_request(plan, self.package.document.workflow.inputs, request,
+                                 vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
+                                 never_materialized=self._fused_values())
+        kind, k = admit_proposer(self.proposer_sources, request)
+        proposer = kind.build(self.proposer_sources, request, k) if kind is not None else None
+        stop_ids = set(options.stop_token_ids)
+        if options.stop_on_eos:
+            stop_ids.update(plan.eos_ids)
+        rules = StopRules(options.max_new_tokens, frozenset(stop_ids), admitted.context_cap)
+        text = None
+        if with_text or options.stop:
+            if not self.tokenizer.has_text:
+                what = "stop strings" if options.stop else "a text stream"
+                raise RequestError(f"{what} need the tokenizer, and this package has none",
+                                   path="stop" if options.stop else "prompt",
+                                   file=str(self.package.root),
+                                   remedy="use stop_token_ids and token ids (generate)")
+            text = StopText(self.tokenizer, prompt_ids, options.stop)
+        sampler = (Sampler.seeded(admitted.sampling, options.seed)
+                   if admitted.sampling is not None else None)
+        state = DecodeState.start(self.seam, self.package, rules, admitted, prompt_ids,
+                                  sampler=sampler, text=text)
+        state.stats.proposer = kind.name if kind is not None else None
+        return state, proposer, k
 
-    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64,
-               **options) -> Iterator[str]:
-        """Yield text pieces as tokens are committed (never a broken UTF-8 sequence)."""
-        request = self.request(prompt, max_new_tokens, **options)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, context_ids=request.prompt_ids)
-        for token in self.decode(request):
-            piece = detokenizer.push(token)
-            if piece:
-                yield piece
-        tail = detokenizer.flush()
-        if tail:
-            yield tail
-
-    # -- helpers --------------------------------------------------------------------------
-    @property
-    def _proposer_sources(self) -> ProposerSources:
-        return ProposerSources(self.proposer, self.draft, self.vocab_size,
-                               self.tokenizer.vocab_size)
+    def _chat_request(self, messages: Messages, options: GenerationOptions
+                      ) -> tuple[str, GenerationOptions]:
+        """The prompt of ``messages`` and ``options`` with the end-of-turn stops added:
+        single-token endings as stop token ids, longer ones as stop strings."""
+        prompt = self.render_chat(messages)
+        assert self.chat_template is not None
+        stop_ids, stops = list(options.stop_token_ids), list(
+            (options.stop,) if isinstance(options.stop, str) else options.stop)
+        for ending in self.chat_template.end_of_turn_texts():
+            ids = self.tokenizer.encode(ending, add_special_tokens=False)
+            if len(ids) == 1:
+                stop_ids.append(ids[0])
+            else:
+                stops.append(ending)
+        return prompt, GenerationOptions.of(options, stop=tuple(stops),
+                                            stop_token_ids=tuple(stop_ids))
 
     def _fused_values(self) -> tuple[str, ...]:
         chain = self.package.plan.chain
@@ -175,29 +207,16 @@ class Engine:
         value = self.package.plan.proposer_inputs.get(chain.fused_port)
         return (value,) if value else ()
 
-    def _auto_proposer(self, k: int | None) -> tuple[str | None, int]:
-        """The auto-enable rule of runtime.md §2.4."""
-        doc, plan = self.package.document, self.package.plan
-        spec = doc.speculative
-        components = doc.workflow.components.values()
-        safe = spec is not None and spec.distribution_preserving and all(
-            c.contract is not None and c.contract.equivalence in ("bitwise",
-                                                                  "distribution_preserving")
-            for c in components)
-        if not safe or plan.chain is None:
-            return None, 0
-        width = k if k is not None else spec.max_proposal_width
-        if not 1 <= width <= spec.max_proposal_width:
-            raise RequestError(f"k = {width} outside [1, {spec.max_proposal_width}]",
-                               path="speculative.max_proposal_width", value=width)
-        return "chained", width
 
-    @staticmethod
-    def _controls_allow_a_pass(admitted) -> bool:
-        active = admitted.controls.get("active")
-        done = admitted.controls.get("done")
-        return not ((active is not None and not bool(active.data.reshape(-1)[0])) or
-                    (done is not None and bool(done.data.reshape(-1)[0])))
+def _can_auto_enable(package: Package) -> bool:
+    """The auto-enable rule of runtime.md §2.4: a distribution-preserving speculative section
+    whose every component's contract is bitwise or distribution-preserving."""
+    spec = package.document.speculative
+    components = package.document.workflow.components.values()
+    return spec is not None and spec.distribution_preserving and all(
+        c.contract is not None and c.contract.equivalence in ("bitwise",
+                                                              "distribution_preserving")
+        for c in components)
 
 
 def load(path: str | Path, device: str = "cpu", *, draft: str | Path | None = None,

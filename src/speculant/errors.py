@@ -23,6 +23,7 @@ class Problem:
     value: object = None  # the offending value, when there is one
     expected: str = ""  # what would have been accepted
     remedy: str = ""  # what the user can do
+    rule: str = ""  # the spec's rule id ("28", "A6", "P2"), where the finding enforces one
 
     def render(self) -> str:
         where = ": ".join(part for part in (self.file, self.path) if part)
@@ -118,10 +119,11 @@ class ProblemCollector:
         expected: str = "",
         remedy: str = "",
         file: str | None = None,
+        rule: str = "",
     ) -> None:
         self.problems.append(
             Problem(kind, message, path, self.file if file is None else file, value, expected,
-                    remedy)
+                    remedy, rule)
         )
 
     def extend(self, problems: Iterable[Problem]) -> None:

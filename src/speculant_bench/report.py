@@ -18,6 +18,7 @@ from pathlib import Path
 
 from speculant_bench import limits
 from speculant_bench.anchors import report as anchor_report
+from speculant_bench.figures import decode_tokens_per_s, end_to_end_tokens_per_s, ttft_ms
 from speculant_bench.run import BenchRun, RunnerResult, Sample
 from speculant_bench.spread import Spread
 
@@ -26,19 +27,6 @@ PNG_FILES = ("tokens_per_s_vs_k.png", "acceptance_by_position.png")
 
 
 # -- figures per repeat (one list of samples = one pass over the prompt set) ----------------
-def decode_tokens_per_s(samples: list[Sample]) -> float:
-    """Tokens after the first over the time after the first: prefill and TTFT excluded."""
-    return sum(len(s.token_ids) - 1 for s in samples) / sum(s.decode_s for s in samples)
-
-
-def end_to_end_tokens_per_s(samples: list[Sample]) -> float:
-    return sum(len(s.token_ids) for s in samples) / sum(s.total_s for s in samples)
-
-
-def ttft_ms(samples: list[Sample]) -> float:
-    return 1000 * sum(s.ttft_s for s in samples) / len(samples)
-
-
 def round_ms(part: str):
     """Milliseconds per round (per target pass after the prefill) spent in ``part``."""
     def figure(samples: list[Sample]) -> float:

@@ -23,21 +23,13 @@ from speculant.engine import Engine, load
 from speculant_bench import limits
 from speculant_bench.anchors import AnchorRunner, AnchorSetup, prepare_anchors
 from speculant_bench.prompts import PromptSet, find_prompt_file, fit_prompts, read_prompts
-from speculant_bench.runners import (
-    KS,
-    PROPOSERS,
-    Runner,
-    can_name_proposer,
-    runner_list,
-    why_unavailable,
-)
+from speculant_bench.runners import KS, PROPOSERS, Runner, runner_list, why_unavailable
 from speculant_bench.spread import Spread
 from speculant_bench.timing import (
     VERIFY_WIDTHS,
     WIDTH_WARMUP,
     InvokeClock,
     WidthTiming,
-    capture_prefill,
     verify_width_curve,
 )
 
@@ -134,7 +126,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     engine = load(config.package, config.device, threads=threads, draft=config.draft)
     source, raw = read_prompts(find_prompt_file(Path(config.package), config.prompts_file),
                                engine.tokenizer)
-    admitted, _ = capture_prefill(engine, raw[0][:1])
+    admitted = engine.admit(raw[0][:1], 1).admitted  # admission alone: the context cap
     prompts = fit_prompts(source, raw, config.new_tokens, admitted.context_cap)
     if prompts.num_truncated:
         progress.note(f"{prompts.num_truncated} of {len(prompts.prompts)} prompts keep only "
@@ -187,7 +179,6 @@ def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: P
             config: BenchConfig, progress: Progress) -> list[RunnerResult]:
     """Warm up, then time every runner over the prompt set ``config.repeats`` times. Anchors
     first make one untimed pass with their counters on (``decode(..., count=True)``)."""
-    can_name = can_name_proposer(engine)
     results = [RunnerResult(r) for r in runners]
     anchors = [r for r in results if r.is_anchor]
     if anchors:
@@ -204,7 +195,7 @@ def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: P
                 if isinstance(runner, AnchorRunner):
                     runner.decode(list(prompt), config.new_tokens)
                 else:
-                    engine.generate(list(prompt), config.new_tokens, **runner.options(can_name))
+                    engine.generate(list(prompt), runner.options(config.new_tokens))
                 progress.advance()
 
     progress.start("timed repeats", len(runners) * len(prompts.prompts) * config.repeats)
@@ -224,8 +215,8 @@ def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: P
                         progress.advance()
                         continue
                     clock.reset()
-                    generation = engine.generate(list(prompt), config.new_tokens,
-                                                 **result.runner.options(can_name))
+                    generation = engine.generate(list(prompt),
+                                                 result.runner.options(config.new_tokens))
                     result.samples[-1].append(Sample(
                         generation.token_ids, generation.total_s,
                         generation.time_to_first_token_s, clock.target_s(skip_first=1),

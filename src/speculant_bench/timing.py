@@ -1,22 +1,25 @@
 """Where a decode's time goes, measured from outside the round.
 
-`InvokeClock` wraps `ComponentSession.invoke` of every session of an engine (its components',
-and its draft model's) with ``time.perf_counter`` accumulators (the round itself is not
-touched): the target's session counts as *target* time, every other session as *proposer*
-time. `verify_width_curve` times
-target passes of growing block size over one fixed cache, straight through `engine.target.run`.
+`InvokeClock` observes every session of an engine (its components', and its draft model's)
+through the session's timing hook (``ComponentSession.observers``; nothing is patched): the
+target's session counts as *target* time, every other session as *proposer* time.
+`verify_width_curve` times target passes of growing block size over one fixed cache, straight
+over the cache a prefill left
+(`prefilled`: the decode state the runtime returns), through `engine.target.run`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import cycle, islice
 
 from speculant.engine import Engine
+from speculant.session.session import Invocation
+from speculant.workflow.options import GenerationOptions
 from speculant.workflow.request import Admitted
-from speculant.workflow.target_pass import PassResult
+from speculant.workflow.state import DecodeState
 
 VERIFY_WIDTHS = (1, 2, 3, 5, 9)  # block sizes k + 1 for k = 0, 1, 2, 4, 8
 WIDTH_WARMUP = 3  # untimed passes of each width before the timed ones
@@ -38,23 +41,20 @@ class InvokeClock:
         self.durations: dict[str, list[float]] = {name: [] for name in self.sessions}
 
     def __enter__(self) -> InvokeClock:
+        self._observers = {name: self._recorder(self.durations[name]) for name in self.sessions}
         for name, session in self.sessions.items():
-            session.invoke = self._timed(session.invoke, self.durations[name])
+            session.observers.append(self._observers[name])
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for session in self.sessions.values():
-            del session.invoke  # the instance attribute; the class's method shows again
+        for name, session in self.sessions.items():
+            session.observers.remove(self._observers[name])
 
     @staticmethod
-    def _timed(invoke, durations: list[float]):
-        def timed_invoke(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return invoke(*args, **kwargs)
-            finally:
-                durations.append(time.perf_counter() - started)
-        return timed_invoke
+    def _recorder(durations: list[float]) -> Callable[[Invocation], None]:
+        def record(call: Invocation) -> None:
+            durations.append(call.seconds)
+        return record
 
     def reset(self) -> None:
         for durations in self.durations.values():
@@ -68,24 +68,14 @@ class InvokeClock:
         return sum(sum(d) for name, d in self.durations.items() if name != self.target)
 
 
-def capture_prefill(engine: Engine, prompt_ids: Sequence[int]) -> tuple[Admitted, PassResult]:
-    """Decode one token (the prefill alone) and keep what its target pass was given and
-    produced: the admitted request (controls as they were then) and the pass result."""
-    captured: list[tuple[Admitted, PassResult]] = []
-    run = engine.target.run
-
-    def capturing_run(tokens, start, cells, admitted):
-        frozen = replace(admitted, controls=dict(admitted.controls))  # before commit edits them
-        result = run(tokens, start, cells, admitted)
-        captured.append((frozen, result))
-        return result
-
-    engine.target.run = capturing_run
-    try:
-        engine.generate(list(prompt_ids), 1, stop_on_eos=False)
-    finally:
-        del engine.target.run
-    return captured[0]
+def prefilled(engine: Engine, prompt_ids: Sequence[int]) -> DecodeState:
+    """The decode state a one-token decode of ``prompt_ids`` leaves: its caches hold the
+    prompt (extent ``len(prompt_ids)``), with the admitted request it ran under."""
+    decode = engine.decode(list(prompt_ids), GenerationOptions(max_new_tokens=1,
+                                                               stop_on_eos=False))
+    for _ in decode:
+        pass
+    return decode.state
 
 
 @dataclass(frozen=True)
@@ -102,17 +92,18 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
     """Time target passes of each block width over the cache a prefill of ``context_ids``
     leaves (fixed cache length ``len(context_ids)``); widths interleave within each repeat so
     drift hits them alike. The block is the context's tokens again (real ids, not zeros)."""
-    admitted, prefilled = capture_prefill(engine, context_ids)
-    start, cells = prefilled.end, prefilled.presents
+    state = prefilled(engine, context_ids)
+    start, cells, admitted = state.consumed, state.cells, state.admitted
+    controls = dict(admitted.initial_controls)  # as the prefill pass saw them
     blocks = {w: list(islice(cycle(context_ids), w)) for w in widths}
     timings = {w: WidthTiming(w, [], [], []) for w in widths}
-    bare = {w: bare_run(engine, blocks[w], start, cells, admitted) for w in widths}
+    bare = {w: bare_run(engine, blocks[w], start, cells, admitted, controls) for w in widths}
     with InvokeClock(engine) as clock:
         for repeat in range(warmup + repeats):
             for w in widths:
                 clock.reset()
                 started = time.perf_counter()
-                engine.target.run(blocks[w], start, cells, admitted)
+                engine.target.run(blocks[w], start, cells, admitted, controls)
                 engine.seam.synchronize(engine.device)  # whatever the pass left queued
                 elapsed = time.perf_counter() - started
                 bare_s = bare[w]()
@@ -125,26 +116,16 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
     return [timings[w] for w in widths]
 
 
-def bare_run(engine: Engine, block: Sequence[int], start: int, cells, admitted: Admitted
-             ) -> Callable[[], float]:
+def bare_run(engine: Engine, block: Sequence[int], start: int, cells, admitted: Admitted,
+             controls) -> Callable[[], float]:
     """A timer of ONNX Runtime's run alone for the target pass over ``block``: the pass's
-    inputs (as `TargetPass` makes them) bound once, then each call runs the session on them
-    and waits for the device, with none of the runtime's Python. Pass time minus this is what
-    the runtime adds to a pass."""
+    inputs (as `TargetPass.bind` makes them) bound once, then each call runs the session on
+    them and waits for the device, with none of the runtime's Python. Pass time minus this is
+    what the runtime adds to a pass."""
     session = engine.sessions[engine.package.plan.target]
-    captured: dict = {}
-    invoke = session.invoke
-
-    def capturing_invoke(inputs, outputs=None):
-        captured.update(inputs=dict(inputs), outputs=list(outputs or []))
-        return invoke(inputs, outputs)
-
-    session.invoke = capturing_invoke
-    try:
-        engine.target.run(block, start, cells, admitted)
-    finally:
-        del session.invoke
-    binding = session.bind(captured["inputs"], captured["outputs"])
+    values, _ = engine.target.bind(block, start, cells, admitted, controls)
+    binding = session.bind(engine.target.port_values(values),
+                           list(engine.package.plan.target_outputs))
 
     def timed() -> float:
         started = time.perf_counter()

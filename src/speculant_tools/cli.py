@@ -17,6 +17,9 @@ metadata_app = typer.Typer(no_args_is_help=True, help="Tools for inference_metad
 
 GRAPH_HELP = ("The target's graph: auto (fused kernels for float16), fused (also float32: "
               "CPU only), explicit (node by node).")
+CACHE_HELP = ("The KV caches' form: appended (past in, longer present out) or static "
+              "(fixed-capacity buffers written in place; docs/design/static-cache.md). "
+              "Default: the source package's.")
 
 
 @tools.command()
@@ -26,12 +29,13 @@ def convert(
     dtype: Annotated[str, typer.Option(help="float16 or float32: weights, IO and the "
                                             "chain's currency.")] = "float16",
     graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
+    cache: Annotated[str | None, typer.Option(help=CACHE_HELP)] = None,
 ) -> None:
-    """Rebuild an exported package's graphs in another dtype."""
+    """Rebuild an exported package's graphs in another dtype (or cache form)."""
     from speculant_tools.export import convert as convert_package
 
     try:
-        convert_package(package, out, dtype=dtype, graph=graph)
+        convert_package(package, out, dtype=dtype, graph=graph, cache=cache)
     except SpeculantError as error:
         fail(error)
         return
@@ -73,15 +77,20 @@ def scale_target(
                                                    "with the trained pair on the CPU (0: "
                                                    "skip the check).")] = 16,
     graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
+    shape: Annotated[str | None, typer.Option(
+        help="A real model's shape instead of --params: realistic-1b (hidden 2048, 16 layers, "
+             "32/8 heads of 64, MLP 8192), zero-padded to keep the function.")] = None,
+    cache: Annotated[str | None, typer.Option(help=CACHE_HELP)] = None,
 ) -> None:
-    """Derive a cost-scaled pair with the trained pair's function: wider MLPs, more layers."""
+    """Derive a cost-scaled pair with the trained pair's function: wider MLPs, more layers
+    (or, with --shape, every dimension of a real model)."""
     from speculant_tools.export.cost_scale import describe
     from speculant_tools.export.cost_scale import scale_target as scale
 
     try:
         result = scale(package, out, params, num_layers=layers,
                        intermediate_size=intermediate, seed=seed, external_data=external_data,
-                       check_tokens=check_tokens, graph=graph)
+                       check_tokens=check_tokens, graph=graph, shape=shape, cache=cache)
     except SpeculantError as error:
         fail(error)
         return

@@ -96,4 +96,5 @@ def test_invoke_clock_counts_every_invoke_and_restores(pair_path):
         assert len(clock.durations["target"]) == spec.stats.target_passes
         assert len(clock.durations["assistant"]) == spec.stats.proposer_invocations > 0
         assert 0 < clock.target_s(skip_first=1) < clock.target_s()
-    assert all("invoke" not in vars(s) for s in engine.sessions.values())
+    assert all(s.observers == [] for s in engine.sessions.values())  # observers removed
+    assert all("invoke" not in vars(s) for s in engine.sessions.values())  # nothing patched

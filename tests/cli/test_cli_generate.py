@@ -9,7 +9,8 @@ import pytest
 
 import speculant.cli as cli_module
 
-SUMMARY = re.compile(r"(?P<n>\d+) tokens in (?P<s>[\d.]+) s \((?P<rate>[\d.]+|inf) tok/s\), "
+SUMMARY = re.compile(r"(?P<n>\d+) tokens in (?P<s>[\d.]+) s \((?P<rate>[\d.]+|inf) tok/s, "
+                     r"admission to last token, load excluded\), "
                      r"time to first token (?P<ttft>[\d.]+) ms, stop: (?P<stop>\w+)")
 
 
@@ -41,7 +42,7 @@ def assert_clean_failure(result, *words: str) -> str:
 def test_generate_prints_text_and_a_summary(cli, decoder_path):
     result = cli("generate", decoder_path, "--prompt", "def ", "--max-new-tokens", "10")
     assert result.exit_code == 0, result.output
-    assert result.stdout == "def tgn\neusrgl\n"  # the prompt, then the fixture's 10 tokens
+    assert result.stdout == "tgn\neusrgl\n"  # the fixture's 10 tokens; the prompt is not echoed
     match = summary(result)
     assert match["n"] == "10" and match["stop"] == "max_new_tokens"
     assert float(match["s"]) > 0 and float(match["ttft"]) >= 0
@@ -54,7 +55,7 @@ def test_generate_text_equals_the_api(cli, decoder_path, engines, prompt, budget
     expected = engines(decoder_path).generate(prompt, budget)
     result = cli("generate", decoder_path, "--prompt", prompt, "--max-new-tokens", budget)
     assert result.exit_code == 0, result.output
-    assert result.stdout == prompt + expected.text + "\n"
+    assert result.stdout == expected.text + "\n"
     match = summary(result)
     assert int(match["n"]) == len(expected.token_ids)
     assert match["stop"] == expected.stats.stop_reason
@@ -65,9 +66,10 @@ def test_generate_stop_string(cli, decoder_path, engines):
     result = cli("generate", decoder_path, "--prompt", "def ", "--max-new-tokens", 30,
                  "--stop", "gn")
     assert result.exit_code == 0, result.output
-    assert result.stdout == "def " + expected.text + "\n"
-    assert result.stdout.rstrip("\n").endswith("gn")
-    assert summary(result)["stop"] == "stop_sequence"
+    assert result.stdout == expected.text + "\n"
+    assert not result.stdout.rstrip("\n").endswith("gn")  # the stop text is not written
+    assert expected.text + "gn" == expected_tokens_text(engines(decoder_path), expected)
+    assert summary(result)["stop"] == "stop_string"
 
 
 def test_summary_is_one_line_at_the_default_width(cli, decoder_path, monkeypatch):
@@ -92,7 +94,7 @@ def test_generate_speculative_stats(cli, chained_path, engines, k):
     result = cli("generate", chained_path, "--prompt", "def ", "--max-new-tokens", 40,
                  "--speculative", "--k", k, "--stats")
     assert result.exit_code == 0, result.output
-    assert result.stdout == "def " + expected.text + "\n"
+    assert result.stdout == expected.text + "\n"
     stats, text = expected.stats, flat(result.stderr)
     assert f"mean accepted length: {stats.mean_accepted_length:.3f}" in text
     by_position = "  ".join(f"{i + 1}:{rate:.2f}"
@@ -189,7 +191,7 @@ def test_generate_without_a_package_runs_the_demo(cli):
                     "producing it)")
     result = cli("generate", "--max-new-tokens", 8)
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("def ")  # the default prompt
+    assert result.stdout.strip()  # the default prompt's continuation
     assert summary(result)["n"] == "8"
     speculative = cli("generate", "--max-new-tokens", 8, "--speculative", "--stats")
     if speculative.exit_code == 0:  # the demo may or may not declare a chained proposer
@@ -197,3 +199,56 @@ def test_generate_without_a_package_runs_the_demo(cli):
         assert "mean accepted length" in flat(speculative.stderr)
     else:
         assert_clean_failure(speculative, "speculative")
+
+
+def expected_tokens_text(engine, generation) -> str:
+    return engine.tokenizer.decode(generation.token_ids)
+
+
+# -- issue 13 item 6: --echo, --prompt -, --json, --version, --min-p, --threads ------------------
+def test_echo_writes_the_prompt_first(cli, decoder_path, engines):
+    expected = engines(decoder_path).generate("def ", 10)
+    result = cli("generate", decoder_path, "--prompt", "def ", "--max-new-tokens", 10, "--echo")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "def " + expected.text + "\n"
+
+
+def test_prompt_from_standard_input(decoder_path, engines):
+    from typer.testing import CliRunner
+
+    from speculant.cli import full_app
+
+    expected = engines(decoder_path).generate("hello world", 12)
+    result = CliRunner().invoke(full_app(), ["generate", str(decoder_path), "--prompt", "-",
+                                             "--max-new-tokens", "12"], input="hello world")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected.text + "\n"
+
+
+def test_json_has_text_token_ids_and_stats(cli, chained_path, engines):
+    import json
+
+    expected = engines(chained_path).generate("def ", 20, proposer="chained", k=2)
+    result = cli("generate", chained_path, "--max-new-tokens", 20, "--proposer", "chained",
+                 "--k", 2, "--json", "--threads", 1, "--min-p", 0.0)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["text"] == expected.text and data["token_ids"] == expected.token_ids
+    assert data["finish_reason"] == expected.finish_reason
+    assert data["stats"]["trace"] == [list(pair) for pair in expected.stats.trace]
+
+
+def test_min_p_reaches_the_api(cli, decoder_path):
+    result = cli("generate", decoder_path, "--temperature", 1, "--min-p", 1.5)
+    assert_clean_failure(result, "RequestError", "min_p")
+
+
+def test_version(cli):
+    result = cli("--version")
+    assert result.exit_code == 0 and result.stdout.startswith("speculant ")
+
+
+def test_invalid_utf8_prompt_is_a_request_error(cli, decoder_path):
+    """click hands undecodable argv bytes over as lone surrogates."""
+    assert_clean_failure(cli("generate", decoder_path, "--prompt", "a\udcff"), "RequestError",
+                         "prompt")

@@ -96,7 +96,8 @@ def test_inspect_broken_document(cli, tmp_path):
 
 def test_inspect_reports_unsupported_features_without_failing(cli, decoder_path, tmp_path):
     document = yaml.safe_load((decoder_path / "inference_metadata.yaml").read_text())
-    document["pipeline"]["workflow"]["steps"].append({"kind": "loop"})
+    document["pipeline"]["workflow"]["steps"].append(
+        {"kind": "loop", "steps": [], "continue_when": "c", "max_iterations": "n"})
     path = tmp_path / "inference_metadata.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     result = cli("inspect", "--metadata-only", path, "--json")

@@ -1,6 +1,7 @@
-"""`speculant generate` with each proposer and with sampling: --proposer chained|draft|lookup,
---draft PATH, --k, --temperature, --top-k, --top-p, --seed — the same tokens as the API, the
-proposer's figures under --stats, and bad input as one clean error (exit status 2)."""
+"""`speculant generate` with each proposer and with sampling: --proposer
+chained|draft|prompt_lookup, --draft PATH, --k, --temperature, --top-k, --top-p, --seed — the
+same tokens as the API, the proposer's figures under --stats, and bad input as one clean error
+(exit status 2)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def run(cli, *args):
 @pytest.mark.parametrize("k", [1, 3])
 def test_lookup(cli, decoder_path, engines, k):
     expected = engines(decoder_path).generate(PROMPT, 40, proposer="prompt_lookup", k=k)
-    result = run(cli, decoder_path, "--max-new-tokens", 40, "--proposer", "lookup", "--k", k)
-    assert result.stdout == PROMPT + expected.text + "\n"
+    result = run(cli, decoder_path, "--max-new-tokens", 40, "--proposer", "prompt_lookup", "--k", k)
+    assert result.stdout == expected.text + "\n"
     assert expected.token_ids == engines(decoder_path).generate(PROMPT, 40).token_ids
     rows = counters(result.stderr)
     assert rows["proposer"] == "prompt_lookup" and rows["proposer_invocations"] == "0"
@@ -48,7 +49,7 @@ def test_draft_implied_by_the_draft_path(cli, decoder_path, draft_path, with_dra
     target's rollback_positions 4; the draft allows 4 + 1)."""
     expected = with_draft.generate(PROMPT, 40, proposer="draft", k=4)
     result = run(cli, decoder_path, "--max-new-tokens", 40, "--draft", draft_path)
-    assert result.stdout == PROMPT + expected.text + "\n"
+    assert result.stdout == expected.text + "\n"
     rows = counters(result.stderr)
     assert rows["proposer"] == "draft"
     assert rows["proposer_invocations"] == rows["drafts_proposed"] == \
@@ -64,17 +65,17 @@ def test_proposer_chained_is_speculative(cli, chained_path):
     assert counters(one.stderr) == counters(two.stderr)
 
 
-@pytest.mark.parametrize("proposer", [[], ["--proposer", "lookup", "--k", "2"],
+@pytest.mark.parametrize("proposer", [[], ["--proposer", "prompt_lookup", "--k", "2"],
                                       ["--proposer", "chained", "--k", "2"]],
-                         ids=["plain", "lookup", "chained"])
+                         ids=["plain", "prompt_lookup", "chained"])
 def test_sampling_equals_the_api(cli, chained_path, engines, proposer):
     options = {"temperature": 3.0, "top_k": 20, "top_p": 0.9, "seed": 5}
-    api = {"plain": {}, "lookup": {"proposer": "prompt_lookup", "k": 2},
+    api = {"plain": {}, "prompt_lookup": {"proposer": "prompt_lookup", "k": 2},
            "chained": {"proposer": "chained", "k": 2}}[proposer[1] if proposer else "plain"]
     expected = engines(chained_path).generate(PROMPT, 30, **options, **api)
     result = run(cli, chained_path, "--max-new-tokens", 30, *proposer, "--temperature", 3,
                  "--top-k", 20, "--top-p", 0.9, "--seed", 5)
-    assert result.stdout == PROMPT + expected.text + "\n"
+    assert result.stdout == expected.text + "\n"
     rows = counters(result.stderr)
     assert int(rows["sampled_rows"]) > 0 and rows["argmax_rows"] == "0"
     greedy = engines(chained_path).generate(PROMPT, 30).text
@@ -92,8 +93,8 @@ def test_seed_changes_the_sample(cli, decoder_path):
 @pytest.mark.parametrize(("args", "words"), [
     (["--proposer", "draft", "--k", "2"], ["RequestError", "draft", "--draft"]),
     (["--proposer", "medusa", "--k", "2"], ["RequestError", "proposer", "medusa"]),
-    (["--proposer", "lookup", "--k", "5"], ["RequestError", "rollback_positions", "5"]),
-    (["--proposer", "lookup", "--k", "0"], ["RequestError", "k"]),
+    (["--proposer", "prompt_lookup", "--k", "5"], ["RequestError", "rollback_positions", "5"]),
+    (["--proposer", "prompt_lookup", "--k", "0"], ["RequestError", "k"]),
     (["--proposer", "chained", "--k", "2"], ["RequestError", "speculative"]),
     (["--temperature", "-1"], ["RequestError", "temperature"]),
     (["--temperature", "1", "--top-p", "0"], ["RequestError", "top_p"]),

@@ -110,7 +110,7 @@ def test_rolled_back_cells_stay_on_the_device_at_the_truncated_length(engines, m
 
 def test_sessions_share_speculants_stream(engines):
     engine = engines["cuda"]
-    backend = engine.seam.device_backends["cuda"]
+    backend = engine.seam.backend("cuda:0")
     assert engine.seam.ordering == "shared_stream"
     for session in engine.sessions.values():
         options = session.provider_options["CUDAExecutionProvider"]

@@ -15,7 +15,10 @@ import numpy as np
 import onnx
 import yaml
 from google.protobuf import text_format
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+
+from speculant.dtypes import DTYPES
+from speculant.package.model import DTYPE_ALIASES
 
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -25,15 +28,9 @@ CHAINED = DATA / "chained.yaml"  # metadata.md §8.2, verbatim
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 WF = "pipeline.workflow"
 
-ELEMENT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
-                 "bfloat16": TensorProto.BFLOAT16, "int8": TensorProto.INT8,
-                 "int16": TensorProto.INT16, "int32": TensorProto.INT32,
-                 "int64": TensorProto.INT64, "uint8": TensorProto.UINT8,
-                 "uint16": TensorProto.UINT16, "uint32": TensorProto.UINT32,
-                 "uint64": TensorProto.UINT64, "bool": TensorProto.BOOL,
-                 "fp16": TensorProto.FLOAT16, "fp32": TensorProto.FLOAT}
-NUMPY = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32,
-         "bool": np.bool_}
+ELEMENT_TYPES = {name: dtype.onnx for name, dtype in DTYPES.items() if dtype.onnx is not None}
+ELEMENT_TYPES.update({alias: ELEMENT_TYPES[name] for alias, name in DTYPE_ALIASES.items()
+                      if name in ELEMENT_TYPES})
 
 
 @functools.cache

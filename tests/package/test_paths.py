@@ -22,10 +22,11 @@ def load_error(root: Path, kind: type = MetadataError):
     return info.value
 
 
-def only_problem_at(error, path: str):
+def only_problem_at(error, path: str, rule: str = "4"):
     hits = [p for p in error.problems if p.path == path]
     assert len(hits) == 1, error
     assert {p.kind for p in error.problems} == {type(error)}
+    assert hits[0].rule == rule  # P1-P3 are rule 4 of metadata.md §6
     return hits[0]
 
 
@@ -175,7 +176,7 @@ def test_external_data_beside_the_model_is_accepted(tmp_path: Path) -> None:
 def test_external_data_in_a_textproto(tmp_path: Path) -> None:
     doc = setv(base("greedy"), ARTIFACT, "decoder/model.onnx.textproto")
     write_package(tmp_path, doc, graphs={"decoder": with_external_table("w.bin")})
-    problem = only_problem_at(load_error(tmp_path, AdmissionError), ARTIFACT)
+    problem = only_problem_at(load_error(tmp_path, AdmissionError), ARTIFACT, rule="A1")
     assert "references external data" in problem.message
 
 

@@ -9,10 +9,13 @@ import pytest
 from package_builders import WF, at, base, mutated, rename_symbol, write_package
 
 from speculant.errors import MetadataError, UnsupportedError
-from speculant.package import load_metadata_only, load_package
+from speculant.package import (
+    load_metadata_only,
+    load_package,
+    unsupported_problems,
+    validate_document,
+)
 from speculant.package.document import to_document
-from speculant.package.rules import validate_document
-from speculant.package.support import unsupported_problems
 
 GROUPS = f"{WF}.serving.state_service.groups"
 PE = "speculative.proposal_execution"
@@ -61,10 +64,13 @@ def test_loop_step(tmp_path: Path) -> None:
     assert error.paths == [f"{WF}.steps.2.kind"]
 
 
-@pytest.mark.parametrize("kind", ["sequence", "branch"])
-def test_other_control_steps(kind: str) -> None:
+@pytest.mark.parametrize("step", [{"kind": "sequence", "steps": []},
+                                  {"kind": "branch", "predicate": "request.active",
+                                   "cases": {}}], ids=["sequence", "branch"])
+def test_other_control_steps(step: dict) -> None:
+    kind = step["kind"]
     doc = base("greedy")
-    doc["pipeline"]["workflow"]["steps"].append({"kind": kind, "steps": []})
+    doc["pipeline"]["workflow"]["steps"].append(step)
     document = to_document(doc, "<test>")
     assert validate_document(document) == []
     (problem,) = unsupported_problems(document)
@@ -214,6 +220,7 @@ def test_unsupported_feature(base_name: str, edits: list, path: str) -> None:
         assert validate_document(document) == [], validate_document(document)
     assert any(p.path == path for p in problems), [p.render() for p in problems]
     assert {p.kind for p in problems} == {UnsupportedError}
+    assert all(p.rule for p in problems), [p.render() for p in problems if not p.rule]
 
 
 def test_metadata_only_reports_without_failing(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@
 * Oracles (runtime.md §15, test-only): :func:`full_recompute_greedy` runs the target over the
   whole stream from empty caches for each new token; :func:`oracle_drafts` runs the runtime's
   proposer on a ``DecodeState`` whose chain context is a fresh pass over ``x[0..C')`` with
-  ``keep = C'``; :func:`reference_drafts` is the numpy reference chain of the fixture.
+  ``num_kept = C'``; :func:`reference_drafts` is the numpy reference chain of the fixture.
 * ``check_*`` functions raise ``AssertionError``; the planted-defect tests show that each
   plant makes the matching check raise, so the tests that call the checks on the real runtime
   would fail with the defect in place.
@@ -31,9 +31,7 @@ from speculant.speculative import chained
 from speculant.speculative import proposal as proposal_module
 from speculant.speculative.chained import ChainedProposer
 from speculant.tensors import Value
-from speculant.workflow.decode import empty_cells
-from speculant.workflow.request import Admitted, admit
-from speculant.workflow.state import DecodeState
+from speculant.workflow.state import DecodeState, empty_cells
 from speculant.workflow.target_pass import PassResult, TargetPass
 
 SPEC = fx.make_spec()  # the function every shared fixture package computes
@@ -128,7 +126,7 @@ def run_recorded(engine: speculant.Engine, mp: pytest.MonkeyPatch, prompt, k: in
             nonlocal current
             current = []
             proposal = Proposal(list(state.tokens), state.consumed, state.latest.start,
-                                len(state.latest.tokens), state.keep, width, [], current,
+                                len(state.latest.tokens), state.num_kept, width, [], current,
                                 state)
             try:
                 drafted = propose(state, width)
@@ -152,8 +150,8 @@ def run_recorded(engine: speculant.Engine, mp: pytest.MonkeyPatch, prompt, k: in
     run_pass = engine.target.run
     serving = engine.package.plan.serving
 
-    def recording_run(tokens, start, cells, admitted):
-        vp = run_pass(tokens, start, cells, admitted)
+    def recording_run(tokens, start, cells, admitted, controls):
+        vp = run_pass(tokens, start, cells, admitted, controls)
         rec.passes.append(vp)
         rec.bound_controls.append({c: _host_copy(vp.values[name]) for c, name in serving.items()
                                    if name in vp.values})
@@ -188,17 +186,14 @@ def reference_trace(prompt, k: int, max_new_tokens: int = MAX_NEW,
                              dtype=dtype)
 
 
-def admitted_for(engine: speculant.Engine, prompt, max_new_tokens: int = MAX_NEW) -> Admitted:
-    plan = engine.package.plan
-    fused = (plan.proposer_inputs[plan.chain.fused_port],) if plan.chain else ()
-    return admit(plan, engine.package.document.workflow.inputs,
-                 engine.request(list(prompt), max_new_tokens), vocab_size=engine.vocab_size,
-                 static_context_cap=plan.context_cap, never_materialized=fused)
+def admitted_for(engine: speculant.Engine, prompt, max_new_tokens: int = MAX_NEW):
+    return engine.admit(list(prompt), max_new_tokens).admitted
 
 
-def fresh_pass(engine: speculant.Engine, tokens, admitted: Admitted) -> PassResult:
+def fresh_pass(engine: speculant.Engine, tokens, admitted) -> PassResult:
     """The target over ``tokens`` from empty caches (C0 = 0); bypasses recording hooks."""
-    return TargetPass.run(engine.target, list(tokens), 0, empty_cells(engine.package), admitted)
+    return TargetPass.run(engine.target, list(tokens), 0, empty_cells(engine.package), admitted,
+                          dict(admitted.initial_controls))
 
 
 def last_row_argmax(engine: speculant.Engine, logits: Value) -> int:
@@ -225,12 +220,12 @@ def full_recompute_greedy(engine: speculant.Engine, prompt,
 
 def oracle_drafts(engine: speculant.Engine, proposal: Proposal) -> list[int]:
     """The runtime's proposer on the chain context of a fresh pass over ``x[0..C')`` with
-    ``keep = C'`` (runtime.md §14.4); bypasses recording hooks."""
+    ``num_kept = C'`` (runtime.md §14.4); bypasses recording hooks."""
     consumed, live = proposal.consumed, proposal.state
     vp = fresh_pass(engine, proposal.tokens[:consumed], live.admitted)
-    state = DecodeState(engine.seam, live.plan, live.rules, live.admitted, list(proposal.tokens),
-                        live.prompt_len, dict(vp.presents), consumed=consumed, latest=vp,
-                        keep=consumed)
+    state = DecodeState.after_pass(engine.seam, live.plan, live.admitted, proposal.tokens, vp,
+                                   consumed, live.rules)
+    state.sampler = live.sampler
     return ChainedProposer.propose(engine.proposer, state, proposal.k).tokens
 
 
@@ -468,24 +463,22 @@ def plant_table_scale(mp: pytest.MonkeyPatch, times: int) -> None:
 
 def plant_unchained_carry(mp: pytest.MonkeyPatch) -> None:
     """Every step is fed carry_0: the step outputs' folded carry is dropped."""
-    original = ChainedProposer._in_currency
+    original = ChainedProposer._carry_0
     first: dict[int, Value] = {}
 
-    def planted(self: ChainedProposer, carry: Value, what: str) -> Value:
-        carry = original(self, carry, what)
-        if what == "carry_0":
-            first[id(self)] = carry
-            return carry
+    def planted_carry_0(self: ChainedProposer, pass_result, num_kept: int) -> Value:
+        first[id(self)] = original(self, pass_result, num_kept)
         return first[id(self)]
 
-    mp.setattr(ChainedProposer, "_in_currency", planted)
+    mp.setattr(ChainedProposer, "_carry_0", planted_carry_0)
+    mp.setattr(ChainedProposer, "_step_carry", lambda self, step_carry: first[id(self)])
 
 
 def _propose_without_bootstrap(self: ChainedProposer, state: DecodeState,
                                k: int) -> proposal_module.Proposal:
     """runtime.md §9.4 without step 0: the first step embeds p with carry_0 and its
     prediction is taken as d_1 (k invocations)."""
-    vp, keep, seam, chain = state.latest, state.keep, self.seam, self.chain
+    vp, keep, seam, chain = state.latest, state.num_kept, self.seam, self.chain
     fixed = self._fixed_bindings(state)
     carry = seam.slice_axis(vp.seed, vp.seed.rank - 2, keep - 1, 1)
     table = self.table
@@ -501,9 +494,7 @@ def _propose_without_bootstrap(self: ChainedProposer, state: DecodeState,
         last = seam.read_token_ids(seam.argmax_rows(seam.last_along_axis(
             out[chain.logits_output], 1)))[0]
         drafts.append(last)
-    state.stats.proposer_invocations += k
-    state.stats.argmax_rows += k
-    return proposal_module.Proposal(drafts)
+    return proposal_module.Proposal(drafts, num_invocations=k, num_scored_rows=k)
 
 
 def plant_skipped_bootstrap(mp: pytest.MonkeyPatch) -> None:

@@ -116,8 +116,9 @@ def plain_greedy(pair_engine):
         key = (tuple(prompt), dtype, fmt)
         if key not in cache:
             engine = pair_engine(dtype, fmt)
-            cache[key] = engine.generate(list(prompt), MAX_NEW).token_ids
-            assert engine.stats.rounds == 0 and engine.stats.proposer_invocations == 0
+            result = engine.generate(list(prompt), MAX_NEW)
+            assert result.stats.rounds == 0 and result.stats.proposer_invocations == 0
+            cache[key] = result.token_ids
         return cache[key]
 
     return get

@@ -49,9 +49,9 @@ def run_draft(engine, monkeypatch, prompt, k, max_new_tokens=MAX_NEW, **options)
         kept.append(min(length, len(self.tokens)))
         roll_back(self, length)
 
-    def recording_run(tokens, start, cells, admitted):
+    def recording_run(tokens, start, cells, admitted, controls):
         sizes.append(len(tokens))
-        return run(tokens, start, cells, admitted)
+        return run(tokens, start, cells, admitted, controls)
 
     def recording_propose(self, state, width):
         sizes.clear()
@@ -218,11 +218,22 @@ def test_draft_rollback_bound(decoder8_root, draft_root):
     assert engine.generate(list(PROBE_PROMPT), 8, proposer="draft", k=3).token_ids
 
 
-@pytest.mark.parametrize("k", (0, 9, None))
+@pytest.mark.parametrize("k", (0, 9))
 def test_draft_k_outside_the_target_bound(draft_engine, k):
     with pytest.raises(RequestError) as caught:
         draft_engine().generate(list(PROBE_PROMPT), 8, proposer="draft", k=k)
-    assert caught.value.paths == (["k"] if k in (0, None) else ["rollback_positions"])
+    assert caught.value.paths == (["k"] if k == 0 else ["rollback_positions"])
+
+
+def test_draft_k_defaults_to_the_kind_default(draft_engine):
+    """k=None: the smaller of the target's rollback bound and the draft's own + 1."""
+    engine = draft_engine()
+    default = engine.generate(list(PROBE_PROMPT), 12, proposer="draft")
+    bound = min(engine.package.plan.undeclared_rollback_bound,
+                engine.draft.rollback_bound + 1)
+    assert default.stats.trace == engine.generate(list(PROBE_PROMPT), 12, proposer="draft",
+                                                  k=bound).stats.trace
+    assert max(k_r for k_r, _ in default.stats.trace) == bound
 
 
 def test_draft_refusing_the_prompt(draft_engine):

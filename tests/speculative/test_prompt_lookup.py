@@ -114,11 +114,19 @@ def test_non_repetitive_prompt_falls_back_to_greedy_steps(engine):
 
 
 # -- bad input ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("k", "path"), [(0, "k"), (None, "k"), (9, "rollback_positions")])
+@pytest.mark.parametrize(("k", "path"), [(0, "k"), (2.0, "k"), (9, "rollback_positions")])
 def test_lookup_k_outside_the_bound(engine, k, path):
     with pytest.raises(RequestError) as caught:
         engine.generate(list(PROBE_PROMPT), 8, proposer="prompt_lookup", k=k)
     assert caught.value.paths == [path]
+
+
+def test_lookup_k_defaults_to_the_rollback_bound(engine):
+    bound = engine.package.plan.undeclared_rollback_bound
+    default = engine.generate(list(PROBE_PROMPT), 8, proposer="prompt_lookup")
+    assert default.stats.trace == engine.generate(list(PROBE_PROMPT), 8,
+                                                  proposer="prompt_lookup",
+                                                  k=bound).stats.trace
 
 
 @pytest.mark.parametrize("ngram_range", [(0, 3), (3, 1), (-1, -1)])

@@ -26,7 +26,7 @@ from test_prompt_lookup import REPETITIVE
 
 from builders import speculative_trace
 from speculant.errors import ContractError, RequestError
-from speculant.speculative.factory import PROPOSERS
+from speculant.speculative.kinds import KINDS
 from speculant.tensors import HOST, TensorSeam, Value
 from speculant.tensors.sampling import (
     Sampling,
@@ -34,7 +34,6 @@ from speculant.tensors.sampling import (
     rejection_sample,
     sample_rows,
 )
-from speculant.workflow.request import PROPOSER_KINDS
 
 INF, NAN = math.inf, math.nan
 
@@ -268,8 +267,9 @@ def test_seam_sampling_ops_refuse_bad_arguments(call, words):
 
 
 # -- end to end -----------------------------------------------------------------------------------
-def test_every_proposer_kind_has_one_class():
-    assert set(PROPOSERS) == set(PROPOSER_KINDS)
+def test_every_proposer_kind_has_one_entry_under_its_one_spelling():
+    assert list(KINDS) == ["chained", "draft", "prompt_lookup"]
+    assert all(kind.name == name for name, kind in KINDS.items())
 
 
 @pytest.fixture(scope="module")
@@ -385,12 +385,13 @@ def test_bad_sampling_settings(engines, option, value):
 
 def test_sampling_with_a_subset_vocabulary_chain_is_unsupported(pair_root, monkeypatch):
     """A chained drafter whose logits cover fewer ids than the target (vocabulary: subset)
-    cannot give q over the target's vocabulary: sampling is refused, greedy still runs."""
+    cannot give q over the target's vocabulary: sampling is refused at admission (before any
+    pass), greedy still runs."""
     import speculant
     from speculant.errors import UnsupportedError
 
     engine = speculant.load(pair_root())
-    monkeypatch.setattr(engine.proposer, "target_vocab", 48)  # as if the target had 48 ids
+    monkeypatch.setattr(engine.proposer, "is_subset_vocabulary", True)  # as if declared so
     with pytest.raises(UnsupportedError) as caught:
         engine.generate(list(PROBE_PROMPT), 8, speculative=True, k=2, temperature=1.0)
     assert caught.value.paths == ["speculative.vocabulary"]

@@ -20,7 +20,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from speculant.dtypes import DTYPES as DTYPE_TABLE
 from speculant.errors import ContractError, ResidencyError
+from speculant.session.binding import adopt_output, bind_input, bind_output, stream_provider_options
 from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value, make_seam
 
 
@@ -206,7 +208,7 @@ def test_unknown_ordinal_is_refused(cuda_seam, cp) -> None:
     assert f"ordinal {count}" in text and "adopt" in text and "install" in text
     with pytest.raises(ResidencyError, match=f"ordinal {count}"):
         make_seam(f"cuda:{count}")
-    assert make_seam("cuda").device_backends["cuda"].residency == "cuda:0"
+    assert make_seam("cuda").backend("cuda:0").residency == "cuda:0"
 
 
 # -- gather, scatter, zeros -------------------------------------------------------------------
@@ -431,7 +433,8 @@ def write_batches(seam: TensorSeam, rng: np.random.Generator) -> dict[str, int]:
 def test_fence_mode_fences_once_per_write_batch(rng) -> None:
     seam = make_seam(DEVICE, ordering="fence")
     assert seam.ordering == "fence"
-    assert seam.device_backends["cuda"].provider_options(0) == {}
+    assert stream_provider_options(seam.backend(DEVICE), DEVICE) == {}
+    assert seam.backend(DEVICE).compute_stream(DEVICE) is None
     assert write_batches(seam, rng) == {
         "zeros": 1, "adopt onto the device": 1, "fused input assembly": 1,
         "truncation of every cell": 1, "nested batches": 1, "unbatched gather": 1,
@@ -442,9 +445,10 @@ def test_shared_stream_mode_never_fences(cuda_seam, rng) -> None:
     assert cuda_seam.ordering == "shared_stream"
     assert set(write_batches(cuda_seam, rng).values()) == {0}
     assert cuda_seam.counters.fences == 0
-    backend = cuda_seam.device_backends["cuda"]
+    backend = cuda_seam.backend(DEVICE)
     assert int(backend.stream.ptr) != 0  # never the legacy default stream
-    assert backend.provider_options(0) == {
+    assert backend.compute_stream(DEVICE) == int(backend.stream.ptr)
+    assert stream_provider_options(backend, DEVICE) == {
         "has_user_compute_stream": "1", "user_compute_stream": str(int(backend.stream.ptr))}
 
 
@@ -483,9 +487,7 @@ def ort_cuda():
 def identity_session(ort, seam: TensorSeam, dtype: str, op: str = "Identity"):
     from onnx import helper
 
-    from speculant.tensors.cuda_interop import ONNX_ELEMENT_TYPES
-
-    element = ONNX_ELEMENT_TYPES[dtype]
+    element = DTYPE_TABLE[dtype].onnx
     inputs = ["x"] if op == "Identity" else ["x", "x"]
     graph = helper.make_graph(
         [helper.make_node(op, inputs, ["y"])], "g",
@@ -493,8 +495,8 @@ def identity_session(ort, seam: TensorSeam, dtype: str, op: str = "Identity"):
         [helper.make_tensor_value_info("y", element, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    backend = seam.device_backends["cuda"]
-    options = {"device_id": "0", "use_tf32": "0", **backend.provider_options(0)}
+    backend = seam.backend(DEVICE)
+    options = {"device_id": "0", "use_tf32": "0", **stream_provider_options(backend, DEVICE)}
     session = ort.InferenceSession(model.SerializeToString(),
                                    providers=[("CUDAExecutionProvider", options)])
     assert session.get_providers()[0] == "CUDAExecutionProvider"
@@ -507,15 +509,15 @@ def identity_session(ort, seam: TensorSeam, dtype: str, op: str = "Identity"):
 def test_ort_round_trip_without_copies(ort_cuda, transfer_guard, cuda_seam, host_seam, rng,
                                        dtype) -> None:
     session = identity_session(ort_cuda, cuda_seam, dtype)
-    backend = cuda_seam.device_backends["cuda"]
+    backend = cuda_seam.backend(DEVICE)
     hv, dv = both(cuda_seam, random_host(rng, (2, 3, 17), dtype))
     binding = session.io_binding()
-    backend.bind_input(binding, "x", dv)
-    backend.bind_output(binding, "y", DEVICE)
+    bind_input(binding, "x", dv, backend)
+    bind_output(binding, "y", DEVICE)
     session.run_with_iobinding(binding)
     (ort_value,) = binding.get_outputs()
     live = cuda_seam.counters.live_device_allocations
-    wrapped = backend.wrap_output(ort_value, dtype, DEVICE)
+    wrapped = adopt_output(ort_value, DEVICE, backend, dtype)
     assert cuda_seam.counters.live_device_allocations == live  # ORT's memory: not counted
     assert wrapped.owner is ort_value and not wrapped.owned and wrapped.residency == DEVICE
     assert int(wrapped.data.data.ptr) == int(ort_value.data_ptr())  # no copy
@@ -530,7 +532,7 @@ def test_ort_round_trip_without_copies(ort_cuda, transfer_guard, cuda_seam, host
 def test_ort_computes_on_the_shared_stream(ort_cuda, transfer_guard, cuda_seam, rng) -> None:
     """A seam write, an ORT kernel and a seam read in issue order, with no fence."""
     session = identity_session(ort_cuda, cuda_seam, "float32", op="Add")
-    backend = cuda_seam.device_backends["cuda"]
+    backend = cuda_seam.backend(DEVICE)
     shape = (256, 8192)  # 8 MiB: a write still running would be seen by the kernel
     dv = cuda_seam.zeros(shape, "float32", DEVICE)
     out = cuda_seam.zeros(shape, "float32", DEVICE)  # a preallocated, owned output
@@ -538,8 +540,8 @@ def test_ort_computes_on_the_shared_stream(ort_cuda, transfer_guard, cuda_seam, 
         fresh = Value.host(rng.standard_normal(shape).astype(np.float32))
         cuda_seam.scatter_into_last_axis(dv, cuda_seam.adopt(fresh, DEVICE), 0)
         binding = session.io_binding()
-        backend.bind_input(binding, "x", dv)
-        backend.bind_output(binding, "y", DEVICE, out)
+        bind_input(binding, "x", dv, backend)
+        bind_output(binding, "y", DEVICE, out, backend)
         session.run_with_iobinding(binding)
         assert_same(Value.host(fresh.data + fresh.data), out)
     assert cuda_seam.counters.fences == 0

@@ -19,15 +19,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from builders.transfer_guard import TransferGuardError, forbid_host_transfers
+from speculant.dtypes import DTYPES as DTYPE_TABLE
+from speculant.dtypes import dtype_of_onnx, dtype_of_ort
 from speculant.errors import ContractError, ResidencyError
+from speculant.session.binding import adopt_output, ort_value_dtype
 from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value, make_seam
-from speculant.tensors.cuda_interop import (
-    DTYPE_OF_ORT_TYPE,
-    ONNX_ELEMENT_TYPES,
-    ort_value_dtype,
-    wrap_ort_output,
-)
-from speculant.tensors.host import widen_bfloat16_bits
+from speculant.tensors.sampling import widen_bfloat16
 
 DTYPES = ["float32", "float16", "bfloat16", "int64", "bool"]
 FLOATS = ["float32", "float16", "bfloat16"]
@@ -345,7 +342,7 @@ def test_argmax_shapes(seam: TensorSeam, dtype) -> None:
 
 def test_bfloat16_widening_is_bit_placement() -> None:
     words = np.arange(1 << 16, dtype=np.uint16)
-    wide = widen_bfloat16_bits(words)
+    wide = widen_bfloat16(np, words)
     assert np.array_equal(wide.view(np.uint32), words.astype(np.uint32) << 16)
     exact = words.view(ml_dtypes.bfloat16).astype(np.float32)
     assert np.array_equal(wide, exact, equal_nan=True)  # ml_dtypes agrees on every value
@@ -461,8 +458,8 @@ def test_host_counters_stay_zero(seam: TensorSeam) -> None:
 
 # -- make_seam and the CUDA modules without CuPy --------------------------------------------
 def test_make_seam_host_and_unknown() -> None:
-    assert make_seam("cpu").device_backends == {}
-    assert make_seam("host").device_backends == {}
+    assert make_seam("cpu").device_kinds == ()
+    assert make_seam("host").device_kinds == ()
     with pytest.raises(ResidencyError, match="unknown device 'tpu'"):
         make_seam("tpu")
 
@@ -485,8 +482,12 @@ def test_onnx_element_types_match_onnx() -> None:
     names = {"float32": "FLOAT", "float16": "FLOAT16", "bfloat16": "BFLOAT16", "int8": "INT8",
              "int16": "INT16", "int32": "INT32", "int64": "INT64", "uint8": "UINT8",
              "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64", "bool": "BOOL"}
-    assert ONNX_ELEMENT_TYPES == {d: getattr(onnx.TensorProto, n) for d, n in names.items()}
-    assert set(DTYPE_OF_ORT_TYPE.values()) == set(ONNX_ELEMENT_TYPES)
+    assert {d: DTYPE_TABLE[d].onnx for d in names} == {
+        d: getattr(onnx.TensorProto, n) for d, n in names.items()}
+    assert set(NUMPY_DTYPES) == set(names)
+    for name in names:  # the table reads both ways
+        assert dtype_of_onnx(DTYPE_TABLE[name].onnx) == name
+        assert dtype_of_ort(DTYPE_TABLE[name].ort) == name
 
 
 def test_ort_value_dtype_and_cpu_outputs_are_not_wrapped() -> None:
@@ -495,8 +496,8 @@ def test_ort_value_dtype_and_cpu_outputs_are_not_wrapped() -> None:
     bf16 = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
         np.zeros((2,), np.uint16), onnx.TensorProto.BFLOAT16)
     assert ort_value_dtype(bf16) == "bfloat16"
-    with pytest.raises(ContractError, match="lives on 'cpu', not on CUDA"):
-        wrap_ort_output(f16, "cuda:0", "float16")
+    with pytest.raises(ContractError, match="lives on 'cpu', not on cuda"):
+        adopt_output(f16._ortvalue, "cuda:0", TensorSeam().host, "float16")
 
 
 class _DeviceOrtValue(ort.OrtValue):

@@ -98,17 +98,17 @@ def passes(monkeypatch) -> list[RecordedPass]:
     invoked: list[dict[str, np.ndarray]] = []
     original_run, original_invoke = TargetPass.run, ComponentSession.invoke
 
-    def run(self, tokens, start, cells, admitted):
+    def run(self, tokens, start, cells, admitted, controls):
         invoked.clear()
-        result = original_run(self, tokens, start, cells, admitted)
+        result = original_run(self, tokens, start, cells, admitted, controls)
         values = {name: np.array(value.data) for name, value in result.values.items()}
         ports = dict(invoked[0]) if invoked else {}
         recorded.append(RecordedPass(tuple(tokens), start, values, ports))
         return result
 
-    def invoke(self, inputs, outputs=None):
+    def invoke(self, inputs, outputs=None, **options):
         invoked.append({port: np.array(value.data) for port, value in inputs.items()})
-        return original_invoke(self, inputs, outputs)
+        return original_invoke(self, inputs, outputs, **options)
 
     monkeypatch.setattr(TargetPass, "run", run)
     monkeypatch.setattr(ComponentSession, "invoke", invoke)

@@ -58,9 +58,14 @@ def with_request_budget(rank: int):
     return edit
 
 
+MINIMAL_STEPS = {"loop": {"steps": [], "continue_when": "c", "max_iterations": "n"},
+                 "sequence": {"steps": []}, "branch": {"predicate": "p", "cases": {}}}
+
+
 def with_step(kind: str):
     def edit(document: dict) -> None:
-        document["pipeline"]["workflow"]["steps"].append({"kind": kind})
+        document["pipeline"]["workflow"]["steps"].append({"kind": kind,
+                                                          **MINIMAL_STEPS[kind]})
     return edit
 
 

@@ -46,7 +46,7 @@ def reference_greedy(prompt: Sequence[int], max_new_tokens: int, *,
         if token in stop_ids:
             return generated, "eos"
         if any(s and stream[-len(s):] == s for s in stop_sequences):
-            return generated, "stop_sequence"
+            return generated, "stop_string"
         if len(stream) >= cap:
             return generated, "context_full"
 
@@ -170,11 +170,11 @@ def test_stop_string_through_the_tokenizer(decoder_engine, dtype):
     full, _ = reference_greedy(encode("def "), 30)
     stop = decode(full[4:6])  # two characters generated at positions 4 and 5
     expected, reason = reference_greedy(encode("def "), 30, stop_sequences=[encode(stop)])
-    assert reason == "stop_sequence"
+    assert reason == "stop_string"
     result = decoder_engine(dtype).generate("def ", 30, stop=[stop])
-    assert result.token_ids == expected
-    assert result.text.endswith(stop)  # the stop sequence is included
-    assert result.stats.stop_reason == "stop_sequence"
+    assert result.token_ids == expected  # the token that completes the stop string is kept
+    assert result.text == decode(expected)[:-len(stop)]  # the stop text is not
+    assert result.stats.stop_reason == "stop_string" and result.finish_reason == "stop"
 
 
 def test_first_of_several_stop_strings_ends_the_stream(decoder_engine):
@@ -184,7 +184,8 @@ def test_first_of_several_stop_strings_ends_the_stream(decoder_engine):
                                    stop_sequences=[encode(late), encode(early)])
     result = decoder_engine().generate("def ", 30, stop=[late, early])
     assert result.token_ids == expected
-    assert result.stats.stop_reason == "stop_sequence"
+    assert result.stats.stop_reason == "stop_string"
+    assert result.text == decode(expected)[:-len(early)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -15,9 +15,11 @@ PROMPTS = ("def ", "hello world", "a", ")\n", "print(x) ")
 def test_stream_concatenates_to_the_generated_text(decoder_engine, dtype, prompt):
     engine = decoder_engine(dtype)
     result = engine.generate(prompt, 50)
-    pieces = list(engine.stream(prompt, 50))
+    stream = engine.stream(prompt, 50)
+    pieces = list(stream)
     assert "".join(pieces) == engine.tokenizer.decode(result.token_ids) == result.text
-    assert engine.stats.stop_reason == result.stats.stop_reason
+    assert stream.result.stats.stop_reason == result.stats.stop_reason
+    assert stream.result.token_ids == result.token_ids
     if len(result.token_ids) > 2:
         assert len(pieces) > 1
     assert all(pieces)  # no empty pieces
@@ -41,9 +43,10 @@ def test_stream_with_stop_string_and_context_cap(decoder_engine):
 def test_speculative_stream_concatenates_to_the_generated_text(chained_engine, k):
     engine = chained_engine()
     result = engine.generate("def ", 40, speculative=True, k=k)
-    pieces = list(engine.stream("def ", 40, speculative=True, k=k))
+    stream = engine.stream("def ", 40, speculative=True, k=k)
+    pieces = list(stream)
     assert "".join(pieces) == engine.tokenizer.decode(result.token_ids) == result.text
-    assert engine.stats.trace == result.stats.trace
+    assert stream.result.stats.trace == result.stats.trace
     greedy = engine.generate("def ", 40)
     assert result.token_ids == greedy.token_ids
 

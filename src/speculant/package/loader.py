@@ -1,8 +1,13 @@
 """Folder on disk -> validated :class:`Package` (metadata.md §1–§7).
 
-``load_package`` runs discovery -> parse -> the §6 rules (all collected) -> the support check
--> path confinement -> admission against the graphs (only once §6 passed, §1 rule 3) ->
-``derive_plan``. ``load_metadata_only`` stops after the document checks and returns the
+The features run in order, each owning its rules, its unsupported cases, its admission and
+its part of the plan: ``top`` (the top-level sections), ``io`` (inputs, outputs, components,
+ports), ``steps`` (the SSA walk), ``state`` (cells, groups, rollback), ``serving`` (the
+controls), ``chain`` (the chained contract).
+
+``load_package`` runs discovery -> parse -> every feature's document checks (all collected)
+-> path confinement -> admission against the graphs (only once the document passed, §1 rule
+3) -> ``derive_plan``. ``load_metadata_only`` stops after the document checks and returns the
 unsupported features instead of raising them, for ``speculant inspect --metadata-only``.
 """
 
@@ -10,30 +15,46 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import onnx
 
-from speculant.errors import MetadataError, Problem, ProblemCollector
-from speculant.package.admission import admit, read_graph
+from speculant.errors import MetadataError, Problem, ProblemCollector, UnsupportedError
+from speculant.package import chain, io, serving, state, steps, top
 from speculant.package.builtin import builtin_names, resolve_package
+from speculant.package.common import WF, rule_of
 from speculant.package.document import find_metadata, read_document
-from speculant.package.model import Document, TensorContract
+from speculant.package.graphs import read_graph
+from speculant.package.model import Document
 from speculant.package.package import Package
 from speculant.package.paths import confine
-from speculant.package.plan import derive_plan
-from speculant.package.rules import (
-    WF,
-    borrowed_symbols,
-    canonical_tokenizer,
-    groups_of,
-    last_extent,
-    position_symbol,
-    validate_document,
-)
-from speculant.package.support import component_roles, unsupported_problems
+from speculant.package.plan import DRIVER_PORT_ROLES, LoadPlan
 
-TOKENIZER_NAME = "tokenizer.json"
+
+def document_problems(doc: Document, file: str = "",
+                      facts: chain.ChainFacts | None = None) -> list[Problem]:
+    """Every finding about the document alone (MetadataError and UnsupportedError), in
+    feature order. Every check tolerates a document that breaks other rules. ``facts``: the
+    chain's facts when the caller derived them already."""
+    out = ProblemCollector(file)
+    top.check(doc, out)
+    if doc.pipeline is None:
+        return out.problems
+    io.check(doc, out)
+    values = steps.check(doc, out)
+    state.check(doc, values, out)
+    serving.check(doc, values, out)
+    chain.check(doc, facts or chain.derive(doc), out)
+    return out.problems
+
+
+def validate_document(doc: Document, file: str = "") -> list[Problem]:
+    """Every `MetadataError` of §6 this document earns (empty when it is valid)."""
+    return [p for p in document_problems(doc, file) if p.kind is MetadataError]
+
+
+def unsupported_problems(doc: Document, file: str = "") -> list[Problem]:
+    """Every `UnsupportedError` this document earns (empty when speculant can run it)."""
+    return [p for p in document_problems(doc, file) if p.kind is UnsupportedError]
 
 
 def load_package(root: str | Path) -> Package:
@@ -50,28 +71,32 @@ def load_package(root: str | Path) -> Package:
     file = str(metadata_file)
     doc = read_document(metadata_file)
 
+    facts = chain.derive(doc)  # sigma, kappa and the chain's contracts, read once
     problems = ProblemCollector(file)
-    problems.extend(validate_document(doc, file))
-    problems.extend(unsupported_problems(doc, file))
-    artifacts = _confine_artifacts(doc, root, problems)
-    tokenizer_file = _resolve_tokenizer(doc, root, problems)
+    problems.extend(document_problems(doc, file, facts))
+    with rule_of(problems, "4"):  # P2, P3
+        artifacts = _confine_artifacts(doc, root, problems)
+        tokenizer_file = top.resolve_tokenizer(doc, root, problems)
     problems.raise_if_any()
 
     admission = ProblemCollector(file)
     graphs: dict[str, onnx.ModelProto] = {}
     for component, artifact in artifacts.items():
         field = f"{WF}.components.{component}.implementation.artifact"
-        model = read_graph(component, artifact, root, field, admission)
+        with rule_of(admission, "4"):  # external data: P2, P3 (A1 carries its own id)
+            model = read_graph(component, artifact, root, field, admission)
         if model is not None:
             graphs[component] = model
     embedding_width = None
     if len(graphs) == len(artifacts):
-        embedding_width = admit(doc, graphs, {c: str(p) for c, p in artifacts.items()},
-                                admission)
+        files = {c: str(p) for c, p in artifacts.items()}
+        io.admit(doc, graphs, files, admission)
+        steps.admit(doc, graphs, files, admission)
+        embedding_width = chain.admit(doc, graphs, files, admission)
     admission.raise_if_any()
 
     return Package(root=root, metadata_file=metadata_file, document=doc,
-                   plan=derive_plan(doc), artifacts=artifacts, graphs=graphs,
+                   plan=derive_plan(doc, facts), artifacts=artifacts, graphs=graphs,
                    tokenizer_file=tokenizer_file, embedding_width=embedding_width)
 
 
@@ -83,13 +108,48 @@ def load_metadata_only(path: str | Path) -> tuple[Document, list[Problem]]:
     if path.is_dir():
         path = find_metadata(path)
     doc = read_document(path)
+    found = document_problems(doc, str(path))
     problems = ProblemCollector(str(path))
-    problems.extend(validate_document(doc, str(path)))
+    problems.extend(p for p in found if p.kind is MetadataError)
     problems.raise_if_any()
-    return doc, unsupported_problems(doc, str(path))
+    return doc, [p for p in found if p.kind is UnsupportedError]
 
 
-# -- paths --------------------------------------------------------------------------------
+def derive_plan(doc: Document, facts: chain.ChainFacts | None = None) -> LoadPlan:
+    """The load products of metadata.md §5, each from the feature that owns it. ``doc`` must
+    have passed the document checks; ``facts``: the chain's facts when already derived."""
+    target, proposer = runnable_roles(doc)
+    target_inputs, target_outputs = steps.invoke_bindings(doc, target)
+    proposer_inputs = steps.invoke_bindings(doc, proposer)[0] if proposer else {}
+    port_by_role = {role: port for port, role in io.port_roles(doc, target).items()}
+    cells = state.target_cells(doc, target)
+    driver_bound = {target_inputs[port_by_role[role]]: role for role in DRIVER_PORT_ROLES
+                    if port_by_role.get(role) in target_inputs}
+    driver_bound.update({cell.initializer: f"cell:{cell.name}" for cell in cells.values()})
+    undeclared_bound = state.group_rollback_bound(doc, cells)
+    spec = doc.speculative
+    facts = facts or chain.derive(doc)
+    chain_plan = chain.plan(doc, facts) if facts is not None else None
+    return LoadPlan(
+        target=target, proposer=proposer, target_inputs=target_inputs,
+        target_outputs=target_outputs, proposer_inputs=proposer_inputs,
+        port_by_role=port_by_role, driver_bound=driver_bound, cells=cells,
+        rollback_state=tuple(spec.rollback_state) if spec else tuple(cells),
+        context_cap_inputs=tuple(sorted({c.max_value for c in cells.values() if c.max_value})),
+        context_cap=top.context_cap(doc),
+        rollback_bound=spec.max_proposal_width if spec else undeclared_bound,
+        undeclared_rollback_bound=undeclared_bound, serving=serving.controls(doc),
+        eos_ids=top.eos_ids(doc), chain=chain_plan,
+        chain_bound_inputs=chain.chain_bound_inputs(doc, chain_plan))
+
+
+def runnable_roles(doc: Document) -> tuple[str, str | None]:
+    """(target, proposer) of a valid runnable document."""
+    if doc.speculative is not None:
+        return doc.speculative.target, doc.speculative.proposer
+    return next(iter(doc.workflow.components)), None
+
+
 def _confine_artifacts(doc: Document, root: Path, problems: ProblemCollector) -> dict[str, Path]:
     """Component -> confined artifact file (P2, P3; P1 was reported by the rules)."""
     if doc.pipeline is None:
@@ -104,119 +164,3 @@ def _confine_artifacts(doc: Document, root: Path, problems: ProblemCollector) ->
         if resolved is not None:
             artifacts[name] = resolved
     return artifacts
-
-
-def _resolve_tokenizer(doc: Document, root: Path, problems: ProblemCollector) -> Path | None:
-    """§2.4: declared artifacts are confined and the canonical one used; otherwise
-    ``<root>/tokenizer.json`` if present; otherwise none (text APIs then refuse)."""
-    tokenizer = doc.package.tokenizer if doc.package else None
-    declared = tokenizer.artifacts if tokenizer and tokenizer.artifacts else []
-    if not declared:
-        if not (root / TOKENIZER_NAME).exists():
-            return None
-        return confine(root, TOKENIZER_NAME, "package.tokenizer", problems,
-                       what="tokenizer")
-    resolved = [confine(root, a.location, f"package.tokenizer.artifacts.{i}.location",
-                        problems, report_lexical=False, what="tokenizer artifact")
-                for i, a in enumerate(declared)]
-    index = canonical_tokenizer(declared)  # None was reported by the rules (rule 5)
-    return resolved[index] if index is not None else None
-
-
-# -- summary for `speculant inspect` ------------------------------------------------------
-def _contract(contract: TensorContract) -> dict[str, Any]:
-    summary: dict[str, Any] = {"dtype": contract.dtype, "shape": contract.dims}
-    if contract.optional:
-        summary["optional"] = True
-    return summary
-
-
-def summarize(doc: Document) -> dict[str, Any]:
-    """A JSON-ready summary of a document: components with their ports, state groups with
-    their cells and rollback bound, and the speculative contract."""
-    summary: dict[str, Any] = {"schema_version": doc.schema_version}
-    if doc.model is not None:
-        summary["model"] = {k: v for k, v in (("vocab_size", doc.model.vocab_size),
-                                              ("max_sequence_length",
-                                               doc.model.max_sequence_length)) if v is not None}
-    if doc.pipeline is None:
-        summary.update(components={}, state_groups={}, speculative=None)
-        return summary
-    wf = doc.workflow
-    target, proposer = component_roles(doc)
-    summary["capabilities"] = list(wf.manifest.capabilities)
-    summary["inputs"] = {name: {**_contract(spec.contract), "source": spec.source.kind}
-                         for name, spec in wf.inputs.items()}
-    summary["outputs"] = {name: _contract(output.contract) for name, output in wf.outputs.items()}
-    components = {}
-    for name, component in wf.components.items():
-        ports = component.ports
-        components[name] = {
-            "role": "target" if name == target else "proposer" if name == proposer else None,
-            "implementation": component.implementation.kind,
-            "artifact": component.implementation.artifact,
-            "inputs": {p: _contract(c) for p, c in (ports.inputs if ports else {}).items()},
-            "outputs": {p: _contract(c) for p, c in (ports.outputs if ports else {}).items()},
-            "port_roles": dict(ports.roles) if ports else {},
-        }
-    summary["components"] = components
-    groups = {}
-    for name, group in groups_of(wf).items():
-        cells = [c for c, cell in wf.state.items() if cell.service_group == name]
-        groups[name] = {
-            "kind": group.kind,
-            "update": group.update.kind if group.update else "append",
-            "cells": cells,
-            "sequence_axis": group.sequence_axis,
-            "rollback_positions": group.capabilities.rollback_positions,
-            "aliases": {component: {cell: alias.access for cell, alias in aliases.items()}
-                        for component, aliases in group.ports.items()},
-        }
-    ungrouped = [c for c, cell in wf.state.items() if cell.service_group not in groups]
-    summary["state_groups"] = groups
-    if ungrouped:
-        summary["ungrouped_cells"] = ungrouped
-    summary["steps"] = [step.kind if step.kind != "invoke" else f"invoke {step.component}"
-                        for step in wf.steps]
-    summary["speculative"] = _summarize_speculative(doc)
-    return summary
-
-
-def _summarize_speculative(doc: Document) -> dict[str, Any] | None:
-    spec = doc.speculative
-    if spec is None:
-        return None
-    pe = spec.proposal_execution
-    result: dict[str, Any] = {
-        "target": spec.target,
-        "proposer": spec.proposer,
-        "vocabulary": spec.vocabulary.model_dump(exclude_none=True),
-        "max_proposal_width": spec.max_proposal_width,
-        "proposal_execution": pe.kind,
-        "distribution_preserving": spec.distribution_preserving,
-        "rollback_state": list(spec.rollback_state),
-        "shared_state": list(spec.shared_state),
-    }
-    if pe.kind != "chained":
-        return result
-    components = doc.workflow.components
-    proposer, target = components.get(spec.proposer), components.get(spec.target)
-    fused = proposer.ports.inputs.get(pe.token_embedding_input or "") if proposer and \
-        proposer.ports else None
-    seed = pe.folded_carry_seed
-    seed_contract = target.ports.outputs.get(seed.output) if seed and target and \
-        target.ports else None
-    result.update({
-        "fused_input": pe.token_embedding_input,
-        "logits_output": pe.logits_output,
-        "folded_carry_output": pe.folded_carry_output,
-        "folded_carry_seed": seed.model_dump() if seed else None,
-        "token_embedding": pe.token_embedding.model_dump(exclude_none=True)
-        if pe.token_embedding else None,
-        "currency": fused.dtype if fused else None,
-        "fused_width": last_extent(fused),
-        "carry_width": last_extent(seed_contract),
-        "position_symbol": position_symbol(doc),
-        "borrowed_cache_symbols": borrowed_symbols(doc),
-    })
-    return result

@@ -2,9 +2,10 @@
 
 Every object is closed (``extra="forbid"``: an unknown key is a ``MetadataError``). Keys of the
 standard that speculant does not execute are still known here, typed loosely, so that a
-document using them parses and the support check (``package.support``) can name them.
-Structural rules that need the whole document (SSA, aliases, the chain) live in
-``package.rules``; this module checks only what one object can check about itself.
+document using them parses and the feature that owns them can name them as unsupported.
+Rules that need the whole document (SSA, aliases, the chain) live in the feature modules
+(``io``, ``steps``, ``state``, ``serving``, ``chain``); this module checks only what one object
+can check about itself.
 """
 
 from __future__ import annotations
@@ -14,18 +15,17 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from speculant.dtypes import DTYPE_NAMES
+
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
                  "fp8_e4m3fn": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3",
                  "fp8_e5m2": "float8_e5m2"}
-DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e4m3", "float8_e5m2",
-          "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
-FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e4m3", "float8_e5m2")
 
 
 def normalize_dtype(name: str) -> str:
     name = DTYPE_ALIASES.get(name, name)
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPES)} "
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_NAMES)} "
                          "(or the aliases fp32, fp16, bf16)")
     return name
 
@@ -242,16 +242,44 @@ class Serving(Closed):
 
 
 # -- steps ------------------------------------------------------------------------------
+class LoopCarry(Closed):
+    """A cell a loop carries: ``next`` (a body value) becomes the cell for the next
+    iteration and, after the loop, the cell's value for the steps that follow."""
+
+    cell: NonEmpty
+    next: NonEmpty
+    initial: str | None = None
+
+
+class BranchOutput(Closed):
+    """A value a branch publishes: the case's value, or ``default``."""
+
+    cases: dict[str, str]
+    default: str | None = None
+
+
+STEP_FIELDS = {  # kind -> (allowed keys, required keys)
+    "invoke": ({"component", "inputs", "outputs"}, ("component",)),
+    "emit": ({"value", "output", "mode", "axis", "when", "valid_length"},
+             ("value", "output", "mode")),
+    "sequence": ({"steps"}, ("steps",)),
+    "loop": ({"steps", "setup", "carried", "continue_when", "max_iterations", "iteration",
+              "termination"}, ("steps", "continue_when", "max_iterations")),
+    "branch": ({"predicate", "cases", "default", "outputs"}, ("predicate", "cases")),
+}
+
+
 class Step(Closed):
-    """One workflow step. ``invoke`` and ``emit`` are typed; other kinds keep their keys for
-    the support check (``sequence``/``loop``/``branch`` are unsupported, others unknown)."""
+    """One workflow step, typed per kind (§4.8). ``invoke`` and ``emit`` are executed; the
+    control steps (``sequence``, ``loop``, ``branch``) are typed so that the values they
+    publish are known, and are reported unsupported; other kinds keep their keys for rule 16."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     kind: str
     # invoke
     component: str | None = None
     inputs: dict[str, str] | None = None
-    outputs: dict[str, str] | None = None
+    outputs: dict[str, str | BranchOutput] | None = None  # branch: value -> BranchOutput
     # emit
     value: str | None = None
     output: str | None = None
@@ -259,23 +287,45 @@ class Step(Closed):
     axis: Any = None
     when: Any = None
     valid_length: Any = None
+    # sequence, loop
+    steps: list[Step] | None = None
+    setup: list[Step] | None = None
+    carried: list[LoopCarry] | None = None
+    continue_when: str | None = None
+    max_iterations: str | None = None
+    iteration: Any = None
+    termination: Literal["predicate", "generation_eos"] | None = None
+    # branch
+    predicate: str | None = None
+    cases: dict[str, Step] | None = None
+    default: Step | None = None
 
     @model_validator(mode="after")
     def _closed_for_known_kinds(self) -> Step:
-        allowed = {"invoke": {"component", "inputs", "outputs"},
-                   "emit": {"value", "output", "mode", "axis", "when", "valid_length"}}
-        if self.kind in allowed:
-            set_keys = {k for k in self.model_fields_set if k != "kind"}
-            foreign = sorted((set_keys - allowed[self.kind]) | set(self.model_extra or {}))
-            if foreign:
-                raise PydanticCustomError(
-                    "unknown_keys", "unknown key(s) {keys} for a {kind} step",
-                    {"keys": foreign, "kind": self.kind})
-            required = {"invoke": ("component",), "emit": ("value", "output", "mode")}[self.kind]
-            missing = [k for k in required if getattr(self, k) is None]
-            if missing:
-                raise field_error(missing[0], f"{self.kind} step needs {', '.join(missing)}")
+        if self.kind not in STEP_FIELDS:
+            return self
+        allowed, required = STEP_FIELDS[self.kind]
+        set_keys = {k for k in self.model_fields_set if k != "kind"}
+        foreign = sorted((set_keys - allowed) | set(self.model_extra or {}))
+        if foreign:
+            raise PydanticCustomError(
+                "unknown_keys", "unknown key(s) {keys} for a {kind} step",
+                {"keys": foreign, "kind": self.kind})
+        missing = [k for k in required if getattr(self, k) is None]
+        if missing:
+            raise field_error(missing[0], f"{self.kind} step needs {', '.join(missing)}")
+        for port, bound in (self.outputs or {}).items():
+            if self.kind == "branch" and isinstance(bound, str):
+                raise field_error(f"outputs.{port}", "a branch output is a map "
+                                  "{cases: {case: value}, default}, not a value name")
+            if self.kind == "invoke" and not isinstance(bound, str):
+                raise field_error(f"outputs.{port}", "an invoke output binds a value name")
         return self
+
+    def invoke_outputs(self) -> dict[str, str]:
+        """Port -> value of an invoke (``outputs`` holds only strings there)."""
+        return {port: value for port, value in (self.outputs or {}).items()
+                if isinstance(value, str)}
 
 
 class Manifest(Closed):

@@ -37,7 +37,7 @@ class Package:
         """The target's vocabulary as its logits see it: the last extent of the logits port's
         contract, else of the graph output, else ``model.vocab_size`` (None if unknown)."""
         plan, workflow = self.plan, self.document.workflow
-        logits_port = plan.port_by_role.get("logits", "logits")
+        logits_port = plan.port_by_role["logits"]  # load refuses a target without it
         ports = workflow.components[plan.target].ports
         contract = ports.outputs.get(logits_port) if ports else None
         if contract is not None and isinstance(contract.dims[-1], int):

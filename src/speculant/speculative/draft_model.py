@@ -24,10 +24,10 @@ from speculant.session.session import ComponentSession
 from speculant.speculative.proposal import Proposal
 from speculant.tensors import TensorSeam, Value
 from speculant.text.tokenizer import load_tokenizer
-from speculant.workflow.decode import empty_cells
-from speculant.workflow.request import Admitted, Request, admit
+from speculant.workflow.options import GenerationOptions
+from speculant.workflow.request import Admitted, Request, admit_request
 from speculant.workflow.sampler import choose
-from speculant.workflow.state import DecodeState, set_control, truncate_cells
+from speculant.workflow.state import DecodeState, empty_cells, set_control, truncate_cells
 from speculant.workflow.target_pass import TargetPass
 
 
@@ -70,13 +70,15 @@ class DraftModel:
                 f"the draft model's state groups allow rolling back {self.rollback_bound} "
                 f"positions; k = {k} needs {k - 1}", path="draft.rollback_positions",
                 file=root, value=k, expected=f"k - 1 <= {self.rollback_bound}")
-        draft_request = Request(request.prompt_ids, request.max_new_tokens, seed=request.seed,
-                                temperature=request.temperature, top_k=request.top_k,
-                                top_p=request.top_p, min_p=request.min_p)
+        options = request.options
+        draft_request = Request(request.prompt_ids, GenerationOptions(
+            max_new_tokens=options.max_new_tokens, seed=options.seed,
+            temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+            min_p=options.min_p))
         try:
-            admitted = admit(self.package.plan, self.package.document.workflow.inputs,
-                             draft_request, vocab_size=self.logits_width,
-                             static_context_cap=self.package.plan.context_cap)
+            admitted = admit_request(self.package.plan, self.package.document.workflow.inputs,
+                                     draft_request, vocab_size=self.logits_width,
+                                     static_context_cap=self.package.plan.context_cap)
         except RequestError as exc:
             raise RequestError(f"the draft model cannot take this request: {exc}",
                                path="draft", file=root) from exc
@@ -90,6 +92,7 @@ class DraftModelProposer:
     def __init__(self, model: DraftModel, admitted: Admitted) -> None:
         self.model = model
         self.admitted = admitted
+        self.controls: dict[str, Value] = dict(admitted.initial_controls)
         self.cells: dict[str, Value] = empty_cells(model.package)
         self.tokens: list[int] = []  # x[0..D): what the draft has consumed
 
@@ -104,18 +107,19 @@ class DraftModelProposer:
         probs: list[Value] = []  # q_i = T(row i) when sampling (runtime.md §17.3)
         pending = state.tokens[len(self.tokens):state.consumed + 1]  # x[D..C]
         for _ in range(max(k, 0)):
-            vp = runner.run(pending, len(self.tokens), self.cells, self.admitted)
-            self.cells = dict(vp.presents)
+            draft_pass = runner.run(pending, len(self.tokens), self.cells, self.admitted,
+                                    self.controls)
+            self.cells = dict(draft_pass.presents)
             self.tokens += pending
-            set_control(self.admitted, "accepted_len", len(pending))
-            row = seam.last_along_axis(vp.logits, vp.logits.rank - 2)  # [1, 1, V]
-            token, q = choose(seam, state.sampler, row, state.stats)  # 4 bytes read back
+            set_control(self.controls, "accepted_len", len(pending))
+            row = seam.last_along_axis(draft_pass.logits, draft_pass.logits.rank - 2)  # [1,1,V]
+            token, q = choose(seam, state.sampler, row)  # 4 bytes read back
             drafts.append(token)
             if q is not None:
                 probs.append(q)
             pending = [token]
-        state.stats.proposer_invocations += len(drafts)
-        return Proposal(drafts, probs if state.sampler is not None else None)
+        return Proposal(drafts, probs if state.sampler is not None else None,
+                        num_invocations=len(drafts), num_scored_rows=len(drafts))
 
     def _roll_back(self, length: int) -> None:
         """Keep the first ``length`` consumed positions (the draft's own rollback)."""

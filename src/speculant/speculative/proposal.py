@@ -21,6 +21,8 @@ class Proposal:
 
     tokens: list[int] = field(default_factory=list)  # the drafts d_1 … d_k_r
     probs: list[Value] | None = None
+    num_invocations: int = 0  # proposer model runs it took (0 for prompt lookup)
+    num_scored_rows: int = 0  # score rows it reduced to a token (argmax or a draw)
 
     @property
     def k(self) -> int:

@@ -3,8 +3,9 @@ token it commits after them.
 
 ``greedy_accept`` is a pure function of the block and the target's choices. Under sampling the
 pure function is ``tensors.sampling.rejection_sample`` (the same code over numpy and CuPy),
-reached through the seam so that the rows stay where they were produced; :func:`verify` picks
-one or the other and returns what the round commits.
+reached through the seam so that the rows stay where they were produced. :func:`verify` picks
+one or the other and returns ``(num_accepted, token)``; it changes nothing but the request's
+generator (its draws), and the round records nothing itself.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Sequence
 
 from speculant.tensors import TensorSeam, Value
 from speculant.workflow.sampler import Sampler
-from speculant.workflow.stats import DecodeStats
 
 
 def greedy_accept(block: Sequence[int], target: Sequence[int]) -> int:
@@ -31,24 +31,23 @@ def greedy_accept(block: Sequence[int], target: Sequence[int]) -> int:
 
 
 def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logits: Value,
-           q: Sequence[Value] | None, stats: DecodeStats) -> tuple[int, int]:
-    """``(a, t[a])`` for the block ``[p, d_1 … d_k]`` from the verification scores ``logits``
-    [1, k + 1, V] (row ``i`` scores the token after ``block[0..i]``).
+           q: Sequence[Value] | None) -> tuple[int, int]:
+    """``(num_accepted, t[num_accepted])`` for the block ``[p, d_1 … d_k]`` from the
+    verification scores ``logits`` [1, k + 1, V] (row ``i`` scores the token after
+    ``block[0..i]``).
 
-    Greedy (``sampler`` None): ``t`` is the argmax of every row (``k + 1`` ids read back) and
-    ``a`` comes from :func:`greedy_accept`. Sampling: speculative rejection sampling against
-    ``p_i = T(row i − 1)`` with the drafts' distributions ``q`` (None: deterministic drafts,
-    ``q = δ_d``), drawing ``k`` acceptance uniforms then the correction or bonus; ``a`` and
-    the token are read back (8 bytes).
+    Greedy (``sampler`` None): ``t`` is the argmax of every row (``k + 1`` ids read back)
+    and ``num_accepted`` comes from :func:`greedy_accept`. Sampling: speculative rejection
+    sampling against ``p_i = T(row i − 1)`` with the drafts' distributions ``q`` (None:
+    deterministic drafts, ``q = δ_d``), drawing ``k`` acceptance uniforms then the
+    correction or bonus; the count and the token are read back (8 bytes).
     """
     drafts = block[1:]
     if sampler is None:
         t = [block[0], *seam.read_token_ids(seam.argmax_rows(logits))]  # k + 1 ids
-        stats.argmax_rows += len(block)
-        a = greedy_accept(block, t)
-        return a, t[a]
+        num_accepted = greedy_accept(block, t)
+        return num_accepted, t[num_accepted]
     p = seam.distribution_rows(logits, sampler.params)  # [k + 1, V] float32
-    stats.sampled_rows += len(block)
-    a, token = seam.read_token_ids(seam.rejection_sample(p, q, drafts,
-                                                         sampler.uniforms(len(drafts) + 1)))
-    return a, token
+    num_accepted, token = seam.read_token_ids(
+        seam.rejection_sample(p, q, drafts, sampler.uniforms(len(drafts) + 1)))
+    return num_accepted, token

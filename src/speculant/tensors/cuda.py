@@ -2,16 +2,18 @@
 
 Importing this module never imports CuPy; constructing :class:`CudaBackend` does, and raises
 :class:`~speculant.errors.ResidencyError` naming what to install when CuPy, a GPU or the
-ordinal is missing. The seam (:mod:`speculant.tensors.seam`) validates every argument before
-a method here runs, so these methods only compute.
+ordinal is missing. It implements :class:`~speculant.tensors.backend.Backend`, whose reference is
+:class:`~speculant.tensors.host.HostBackend`. The seam (:mod:`speculant.tensors.seam`) validates
+every argument before a method here runs, so these methods only compute.
 
 **Streams (residency.md §8).** One non-blocking CuPy stream per device, shared by every
 backend in the process (two seams on one device stay ordered with each other); every kernel
 and copy below is issued under ``with Device(N), stream:``. ``stream.ptr`` is the handle
-CUDA sessions get as ORT's ``user_compute_stream`` (:meth:`CudaBackend.provider_options`), so
-provider kernels and seam work run in issue order. In ``ordering="fence"`` mode (for when
-that option is unavailable) every write batch ends with ``stream.synchronize()``, counted in
-``counters.fences``; a write outside :meth:`CudaBackend.write_batch` is a batch of its own.
+CUDA sessions share (:meth:`CudaBackend.compute_stream`; ``session/binding.py`` passes it to
+ONNX Runtime as ``user_compute_stream``), so provider kernels and seam work run in issue
+order. In ``ordering="fence"`` mode (for when that option is unavailable) every write batch
+ends with ``stream.synchronize()``, counted in ``counters.fences``; a write outside
+:meth:`CudaBackend.write_batch` is a batch of its own.
 Writes are: strided window copies, gathers, scatters, ``zeros``, uploads and peer copies.
 ``argmax`` is not: its result is only ever read back by :meth:`download`, which waits for the
 stream anyway.
@@ -26,11 +28,11 @@ to the pool at the same moment). This counts exactly the speculant-owned buffers
 alive. The alternatives count the wrong thing: ``cupy.cuda.set_allocator`` and
 ``cupy.cuda.MemoryHook`` are process-wide, so they would also count CuPy temporaries (the
 reductions inside ``argmax``), everyone else's CuPy arrays and pool-level frees rather than
-buffer lifetimes. ORT outputs wrapped without a copy (``owned=False``) are ORT's arena and are
-not counted, nor are CuPy's cached free blocks.
+buffer lifetimes. Memory wrapped without a copy (:meth:`CudaBackend.wrap`, ``owned=False``: ORT's
+outputs) belongs to its owner and is not counted, nor are CuPy's cached free blocks.
 
 **bfloat16** is stored as ``uint16`` words; only ``argmax`` and the sampling operations
-interpret it, by placing the 16 bits in the top half of a float32 (exact).
+interpret it, through ``sampling.widen_bfloat16`` (the 16 bits in the top half of a float32).
 """
 
 from __future__ import annotations
@@ -48,12 +50,11 @@ import numpy as np
 
 from speculant.errors import ContractError, ResidencyError
 from speculant.tensors import sampling as sampling_math
+from speculant.tensors.backend import INSTALL_CUDA, ResidencyCounters
 from speculant.tensors.cuda_kernels import ARGMAX_THREADS, first_argmax_rows
-from speculant.tensors.ops import ResidencyCounters
-from speculant.tensors.sampling import Sampling
-from speculant.tensors.value import NUMPY_DTYPES, Value, window_is_view
+from speculant.tensors.sampling import Sampling, widen_bfloat16
+from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
 
-INSTALL_CUDA = "pip install 'speculant[cuda]'"
 ORDERINGS = ("shared_stream", "fence")
 
 # True while CudaBackend.download runs: the one device->host path (see transfer_guard.py).
@@ -302,8 +303,8 @@ class CudaBackend:
         width = x.shape[-1]
         with self._on(ordinal):
             rows = x.data.reshape(-1, width)  # [R, V] storage dtype
-            if x.dtype == "bfloat16":  # the 16 bits in the top half of a float32
-                wide = cp.left_shift(rows.astype(cp.uint32), cp.uint32(16)).view(cp.float32)
+            if x.dtype == "bfloat16":
+                wide = widen_bfloat16(cp, rows)  # [R, V] float32, a new contiguous array
             else:
                 wide = cp.ascontiguousarray(rows.astype(cp.float32, copy=False))  # [R, V]
             out = self._allocate(ordinal, (rows.shape[0],), np.dtype(np.int32))  # [R] int32
@@ -317,8 +318,8 @@ class CudaBackend:
         """``x`` as [R, V] float64 rows, widened exactly (call under ``_on``)."""
         cp = self._cp
         rows = x.data.reshape(-1, x.shape[-1])  # [R, V] storage dtype
-        if x.dtype == "bfloat16":  # the 16 bits in the top half of a float32
-            rows = cp.left_shift(rows.astype(cp.uint32), cp.uint32(16)).view(cp.float32)
+        if x.dtype == "bfloat16":
+            rows = widen_bfloat16(cp, rows)  # [R, V] float32
         return rows.astype(cp.float64)
 
     def _owned(self, ordinal: int, array: Any, dtype: np.dtype) -> Any:
@@ -398,28 +399,36 @@ class CudaBackend:
             source_stream.wait_event(copied)  # v's block is not reused before the copy ends
         return Value(out, residency, v.dtype, owned=True, kind=v.kind)
 
-    # -- ONNX Runtime interop (residency.md §6; see cuda_interop.py) --------------------------
-    def provider_options(self, ordinal: int) -> dict[str, str]:
-        from speculant.tensors.cuda_interop import stream_provider_options
+    # -- primitives for a session (session/binding.py binds ONNX Runtime with them) -------
+    def pointer(self, v: Value) -> int:
+        if not v.data.flags.c_contiguous:
+            raise ContractError(f"{v.describe()} is not C-contiguous, so it has no one address",
+                                expected="a C-contiguous CUDA value")
+        return int(v.data.data.ptr)
 
-        return stream_provider_options(self, f"cuda:{ordinal}")
+    def compute_stream(self, residency: str) -> int | None:
+        """``stream.ptr`` of ``residency``'s stream in ``shared_stream`` mode (never 0: the
+        null stream reads as "no stream" to ONNX Runtime); None in ``fence`` mode."""
+        if self.ordering != "shared_stream":
+            return None
+        return int(self.stream_for(residency).ptr)
 
-    def bind_input(self, binding: Any, name: str, value: Value) -> None:
-        from speculant.tensors.cuda_interop import bind_device_input
-
-        bind_device_input(binding, name, value)
-
-    def bind_output(self, binding: Any, name: str, residency: str,
-                    value: Value | None = None) -> None:
-        from speculant.tensors.cuda_interop import bind_device_output
-
-        bind_device_output(binding, name, residency, value)
-
-    def wrap_output(self, ort_value: Any, dtype: str | None, residency: str) -> Value:
-        from speculant.tensors.cuda_interop import wrap_ort_output
-
-        with self._on(cuda_ordinal(residency)):
-            return wrap_ort_output(ort_value, residency, dtype)
+    def wrap(self, pointer: int, shape: Sequence[int], dtype: str, residency: str,
+             owner: Any) -> Value:
+        """CuPy over ``pointer`` as ``cupy.cuda.UnownedMemory`` whose owner is ``owner`` (kept
+        alive as long as any array over it); bfloat16 as ``uint16`` words. A zero-element
+        shape gives a host value (S2)."""
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) == 0:
+            return Value(np.zeros(shape, NUMPY_DTYPES[dtype]), HOST, dtype, owned=True)
+        cp = self._cp
+        ordinal = cuda_ordinal(residency)
+        storage = storage_dtype(dtype)
+        num_bytes = math.prod(shape) * storage.itemsize
+        with self._on(ordinal):
+            memory = cp.cuda.UnownedMemory(pointer, num_bytes, owner, ordinal)
+            array = cp.ndarray(shape, storage, memptr=cp.cuda.MemoryPointer(memory, 0))
+        return Value(array, residency, dtype, owner=owner, owned=False)
 
 
 def _overlaps(a: Any, b: Any) -> bool:

@@ -1,12 +1,23 @@
-"""The host backend (numpy): the living definition of every seam operation."""
+"""The host backend (numpy): the living definition of every seam operation.
+
+:class:`HostBackend` is the reference implementation of
+:class:`~speculant.tensors.backend.Backend`: each method states in numpy what a device backend
+must compute byte for byte. Host work is ordered by program order, so the ordering methods
+(``write_batch``, ``synchronize``) do nothing and no stream is shared.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
+from speculant.errors import ContractError
 from speculant.tensors import sampling as sampling_math
+from speculant.tensors.backend import ResidencyCounters
 from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
 
@@ -26,23 +37,42 @@ def argmax_rows_numpy(rows: np.ndarray) -> np.ndarray:
     return np.argmax(hit, axis=1).astype(np.int32)  # first True; 0 when none
 
 
-def widen_bfloat16_bits(words: np.ndarray) -> np.ndarray:
-    """bfloat16 words (any 16-bit view) as float32, exactly: the bits go to the top half."""
-    return (words.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
 def widen_rows(x: Value) -> np.ndarray:
     """``x`` as ``[R, V]`` float32 rows, widened exactly (residency.md §4, "bfloat16")."""
     rows = x.data.reshape(-1, x.shape[-1])  # [R, V] x.dtype
     if x.dtype == "bfloat16":
-        return widen_bfloat16_bits(np.asarray(rows, order="C"))
+        return sampling_math.widen_bfloat16(np, rows)
     return rows.astype(np.float32, copy=False)
+
+
+class _Borrowed:
+    """Memory someone else owns, as numpy sees it: the base of the arrays :meth:`HostBackend.wrap`
+    makes, so that ``owner`` lives as long as any array over the memory."""
+
+    def __init__(self, pointer: int, shape: tuple[int, ...], dtype: np.dtype, owner: Any) -> None:
+        self.__array_interface__ = {"data": (pointer, True), "shape": shape,
+                                    "typestr": dtype.str, "version": 3}
+        self.owner = owner
 
 
 class HostBackend:
     """numpy implementations; arguments are validated by the seam before they get here."""
 
     device_kind = HOST
+    ordering = "shared_stream"  # program order: nothing to fence
+
+    def __init__(self) -> None:
+        self.counters = ResidencyCounters()  # replaced by the seam's own
+
+    def unsupported_reason(self, residency: str) -> str | None:
+        return None if residency == HOST else f"'{residency}' is not the host"
+
+    @contextlib.contextmanager
+    def write_batch(self) -> Iterator[None]:
+        yield  # host writes are done when the call returns
+
+    def synchronize(self, residency: str) -> None:
+        pass  # nothing is queued on the host
 
     def window(self, v: Value, axis: int, start: int, length: int) -> Value:
         index = [slice(None)] * v.rank
@@ -91,3 +121,33 @@ class HostBackend:
             np.asarray([list(uniforms)], np.float64))
         ids = np.asarray([a[0], token[0]], np.int32)  # [2]: a, then the correction or bonus
         return Value(ids, HOST, "int32", owned=True, kind="token_ids")
+
+    # -- transfers: on the host each is a copy into a new owned value ----------------------
+    def download(self, v: Value) -> np.ndarray:
+        return np.array(v.data, order="C", copy=True)
+
+    def upload(self, v: Value, residency: str) -> Value:
+        return Value(np.array(v.data, order="C", copy=True), HOST, v.dtype, owned=True,
+                     kind=v.kind)
+
+    def peer_copy(self, v: Value, residency: str) -> Value:
+        return self.upload(v, residency)
+
+    # -- primitives for a session (session/binding.py) ---------------------------------------
+    def pointer(self, v: Value) -> int:
+        if not v.data.flags.c_contiguous:
+            raise ContractError(f"{v.describe()} is not C-contiguous, so it has no one address",
+                                expected="a C-contiguous host value")
+        return int(v.data.__array_interface__["data"][0])
+
+    def compute_stream(self, residency: str) -> int | None:
+        return None  # the host has no stream
+
+    def wrap(self, pointer: int, shape: Sequence[int], dtype: str, residency: str,
+             owner: Any) -> Value:
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) == 0:
+            return Value(np.zeros(shape, NUMPY_DTYPES[dtype]), HOST, dtype, owned=True)
+        storage = np.dtype(np.uint16) if dtype == "bfloat16" else NUMPY_DTYPES[dtype]
+        array = np.asarray(_Borrowed(pointer, shape, storage, owner))
+        return Value(array.view(NUMPY_DTYPES[dtype]), HOST, dtype, owner=owner, owned=False)

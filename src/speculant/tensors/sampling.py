@@ -6,6 +6,7 @@ whose tie order matters), the same cumulative sums, the same comparisons. Ties a
 the lower id through counts over id order, never through the stability of a library sort.
 Internally everything is float64; probability rows are stored as float32.
 
+* :func:`widen_bfloat16` reads bfloat16 scores as float32 (the one widening).
 * :func:`distribution_rows` is ``T(row)`` (§17.1): scores -> a distribution per row.
 * :func:`sample_rows` draws one id per row by inverse CDF with a given uniform.
 * :func:`rejection_sample` is the speculative verifier (§17.4), batched: a pure function of
@@ -32,6 +33,12 @@ class Sampling:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+
+
+def widen_bfloat16(xp: ModuleType, words: Any) -> Any:
+    """bfloat16 words (any 16-bit dtype: ml_dtypes' bfloat16 on the host, ``uint16`` on
+    CUDA) as float32, exactly: the 16 bits go to the top half of a float32. A new array."""
+    return xp.left_shift(words.view(xp.uint16).astype(xp.uint32), xp.uint32(16)).view(xp.float32)
 
 
 def _first_true(xp: ModuleType, mask: Any, default: int) -> Any:

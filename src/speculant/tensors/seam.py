@@ -1,8 +1,10 @@
-"""`TensorSeam`: one `TensorOps` that runs each operation where its principal input lives.
+"""`TensorSeam`: every tensor operation of the decode path, run where its principal input lives.
 
 The seam validates arguments once (rules S1-S7 of residency.md §3) and hands the work to the
-backend of the principal's residency: :class:`HostBackend` for ``host`` and, when installed
-and enabled, the CUDA backend for ``cuda:N``. It never copies a value to the host to proceed.
+:class:`~speculant.tensors.backend.Backend` of the principal's residency: :class:`HostBackend`
+for ``host`` and, when installed and enabled, the CUDA backend for ``cuda:N``
+(``seam.backend(residency)``). It never copies a value to the host to proceed. Error context
+(the operands' shapes) is formatted only when an error is raised.
 
 Checks run in this order: arguments that cannot even be read (axis, residency string), then
 S2 (an empty result is a host value, whatever path produced it), then S4 (straddling
@@ -14,19 +16,19 @@ from __future__ import annotations
 import contextlib
 import operator
 import re
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from speculant.errors import ContractError, ResidencyError
+from speculant.tensors.backend import INSTALL_CUDA, Backend, ResidencyCounters
 from speculant.tensors.host import HostBackend
-from speculant.tensors.ops import ResidencyCounters
 from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import FLOAT_DTYPES, HOST, NUMPY_DTYPES, Value
 
 _RESIDENCY = re.compile(r"^(host|[a-z][a-z0-9_]*:[0-9]+)$")
-INSTALL_CUDA = "pip install 'speculant[cuda]'"
+# What an error names about an operand: (role, the value or its description, built on demand)
+Operand = tuple[str, "Value | Callable[[], str]"]
 
 
 def device_kind(residency: str) -> str:
@@ -69,29 +71,32 @@ def _check_residency(op: str, residency: object) -> None:
                             value=residency, expected="'host' or e.g. 'cuda:0'")
 
 
-def _operands(operands: Sequence[tuple[str, str]]) -> str:
-    return ", ".join(f"{role} {description}" for role, description in operands)
-
-
-def _requested(shape: Sequence[int], dtype: str, residency: str) -> str:
-    return f"{list(shape)} {dtype} on {residency}"
+def _operands(operands: Sequence[Operand]) -> str:
+    return ", ".join(f"{role} {what.describe() if isinstance(what, Value) else what()}"
+                     for role, what in operands)
 
 
 class TensorSeam:
-    """The one implementation of :class:`~speculant.tensors.ops.TensorOps`."""
+    """The seam over the host backend and the device backends it is built with."""
 
-    def __init__(self, device_backends: dict[str, Any] | None = None) -> None:
+    def __init__(self, device_backends: Mapping[str, Backend] | None = None) -> None:
         self.counters = ResidencyCounters()
         self.host = HostBackend()
-        # device kind -> backend (e.g. {"cuda": CudaBackend}); host is always there.
-        self.device_backends: dict[str, Any] = dict(device_backends or {})
-        for backend in self.device_backends.values():
+        # device kind -> backend (e.g. {"cuda": CudaBackend}); the host is always there
+        self._backends: dict[str, Backend] = {HOST: self.host, **(device_backends or {})}
+        for backend in self._backends.values():
             backend.counters = self.counters
+        self._served: dict[str, Backend] = {HOST: self.host}  # residency -> its backend
+
+    @property
+    def device_kinds(self) -> tuple[str, ...]:
+        """The device kinds this seam has a backend for (``()``: host only)."""
+        return tuple(kind for kind in self._backends if kind != HOST)
 
     @property
     def ordering(self) -> str:
         """How device work is ordered against ONNX Runtime: ``shared_stream`` or ``fence``."""
-        modes = {getattr(b, "ordering", "shared_stream") for b in self.device_backends.values()}
+        modes = {backend.ordering for backend in self._backends.values()}
         return "fence" if "fence" in modes else "shared_stream"
 
     @contextlib.contextmanager
@@ -102,25 +107,32 @@ class TensorSeam:
         omitted ``write_batch`` costs synchronizations, never ordering. Host-only: a no-op.
         """
         with contextlib.ExitStack() as stack:
-            for backend in self.device_backends.values():
-                stack.enter_context(backend.write_batch())
+            for backend in self._backends.values():
+                if backend is not self.host:  # host writes are done when their call returns
+                    stack.enter_context(backend.write_batch())
             yield
 
     # -- dispatch -------------------------------------------------------------------------
-    def backend_for(self, op: str, v: Value, role: str = "operand") -> Any:
-        """The backend for the residency of ``v`` (S3: a ResidencyError when there is none)."""
-        return self._backend_for_residency(op, v.residency, [(role, v.describe())])
+    def backend(self, residency: str) -> Backend:
+        """The backend serving ``residency`` (S3: a ResidencyError when there is none)."""
+        return self._backend("backend", residency, ())
 
-    def _backend_for_residency(self, op: str, residency: str,
-                               operands: Sequence[tuple[str, str]],
-                               alternative: str = "") -> Any:
-        if residency == HOST:
-            return self.host
+    def backend_for(self, op: str, v: Value, role: str = "operand") -> Backend:
+        """The backend for the residency of ``v`` (S3: a ResidencyError when there is none)."""
+        backend = self._served.get(v.residency)
+        return backend if backend is not None else self._backend(op, v.residency, [(role, v)])
+
+    def _backend(self, op: str, residency: str, operands: Sequence[Operand],
+                 alternative: str = "") -> Backend:
+        backend = self._served.get(residency)
+        if backend is not None:
+            return backend
         kind = device_kind(residency)
-        backend = self.device_backends.get(kind)
+        backend = self._backends.get(kind)
         reason = (f"no '{kind}' implementation is enabled in this seam" if backend is None
                   else backend.unsupported_reason(residency))
-        if reason is None:
+        if backend is not None and reason is None:
+            self._served[residency] = backend
             return backend
         install = (f"{INSTALL_CUDA} and build the seam with make_seam('{residency}')"
                    if kind == "cuda" else f"speculant has none for '{kind}' yet")
@@ -270,8 +282,9 @@ class TensorSeam:
         _check_residency("zeros", residency)
         if 0 in dims:
             return self._empty(dims, dtype)
-        backend = self._backend_for_residency(
-            "zeros", residency, [("requested buffer", _requested(dims, dtype, residency))],
+        backend = self._served.get(residency) or self._backend(
+            "zeros", residency,
+            [("requested buffer", lambda: f"{dims} {dtype} on {residency}")],
             "allocate it on the host with zeros(shape, dtype, 'host') and run its consumers there")
         return backend.zeros(dims, dtype, residency)
 
@@ -372,8 +385,8 @@ class TensorSeam:
             return v
         if v.size == 0:
             return self._empty(v.shape, v.dtype, v.kind)
-        operands = [("value", v.describe()), ("target", f"residency {residency}")]
-        source = self._backend_for_residency(
+        operands: list[Operand] = [("value", v), ("target", lambda: f"residency {residency}")]
+        source = self._backend(
             "adopt", v.residency, operands,
             "produce the value on the host in the first place (run its producer there)")
         if residency == HOST:  # device -> host: the only read-back path
@@ -382,7 +395,7 @@ class TensorSeam:
             if v.kind != "token_ids":
                 self.counters.host_staging_count += 1
             return Value(array, HOST, v.dtype, owned=True, kind=v.kind)
-        target = self._backend_for_residency(
+        target = self._backend(
             "adopt", residency, operands, f"keep the value on {v.residency} and run its "
             f"consumers there")
         if v.residency == HOST:
@@ -400,7 +413,7 @@ class TensorSeam:
         """Wait until the work queued on ``residency`` has finished (no bytes move; a no-op
         on the host). Decoding never needs it (the read-back waits); timing does."""
         if residency != HOST:
-            self._backend_for_residency("synchronize", residency, []).synchronize(residency)
+            self._backend("synchronize", residency, []).synchronize(residency)
 
     # -- token ids ------------------------------------------------------------------------
     def read_token_ids(self, ids: Value) -> list[int]:

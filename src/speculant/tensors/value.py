@@ -7,28 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 
+from speculant.dtypes import DTYPES, NUMPY_DTYPES
+
 HOST = "host"
-
-# Normalized metadata dtype -> numpy dtype used for host storage.
-NUMPY_DTYPES: dict[str, np.dtype] = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "int8": np.dtype(np.int8),
-    "int16": np.dtype(np.int16),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "uint8": np.dtype(np.uint8),
-    "uint16": np.dtype(np.uint16),
-    "uint32": np.dtype(np.uint32),
-    "uint64": np.dtype(np.uint64),
-    "bool": np.dtype(np.bool_),
-}
-
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+FLOAT_DTYPES = tuple(name for name in NUMPY_DTYPES if DTYPES[name].is_float)
 
 
 def window_is_view(shape: Sequence[int], axis: int, length: int) -> bool:
@@ -41,12 +25,15 @@ def window_is_view(shape: Sequence[int], axis: int, length: int) -> bool:
     return math.prod(shape[:axis]) == 1 or length == shape[axis]
 
 
+_NAME_OF_NUMPY = {np_dtype: name for name, np_dtype in NUMPY_DTYPES.items()}
+
+
 def dtype_of_numpy(array_dtype: np.dtype) -> str:
     """The metadata dtype name of a numpy dtype (bfloat16 through ml_dtypes)."""
-    for name, np_dtype in NUMPY_DTYPES.items():
-        if np_dtype == array_dtype:
-            return name
-    raise TypeError(f"numpy dtype {array_dtype} has no metadata dtype")
+    name = _NAME_OF_NUMPY.get(np.dtype(array_dtype))
+    if name is None:
+        raise TypeError(f"numpy dtype {array_dtype} has no metadata dtype")
+    return name
 
 
 @dataclass(eq=False)

@@ -16,7 +16,6 @@ import numpy as np
 
 from speculant.tensors import TensorSeam, Value
 from speculant.tensors.sampling import Sampling
-from speculant.workflow.stats import DecodeStats
 
 
 @dataclass
@@ -33,15 +32,12 @@ class Sampler:
         return [float(u) for u in self.rng.random(count)]
 
 
-def choose(seam: TensorSeam, sampler: Sampler | None, row: Value,
-           stats: DecodeStats) -> tuple[int, Value | None]:
+def choose(seam: TensorSeam, sampler: Sampler | None, row: Value) -> tuple[int, Value | None]:
     """The token for one score row ``row`` [..., 1, V]: its argmax (greedy: ``sampler`` is
     None), or a draw from ``T(row)``, returned with that distribution [1, V] float32 (where
     the row lives) for the verifier. 4 bytes read back either way."""
     if sampler is None:
-        stats.argmax_rows += 1
         return seam.read_token_ids(seam.argmax_rows(row))[0], None
     probs = seam.distribution_rows(row, sampler.params)  # [1, V] float32
-    stats.sampled_rows += 1
     return seam.read_token_ids(seam.sample_rows(probs, sampler.uniforms(1)))[0], probs
 

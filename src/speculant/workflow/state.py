@@ -1,4 +1,4 @@
-"""`DecodeState`: the one owner of a decode's caches, stream and counters."""
+"""`DecodeState`: the one owner of a decode's caches, stream, serving controls and counters."""
 
 from __future__ import annotations
 
@@ -7,12 +7,61 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speculant.errors import AdmissionError
+from speculant.package.package import Package
 from speculant.package.plan import LoadPlan
-from speculant.tensors import TensorSeam, Value
+from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.request import Admitted
 from speculant.workflow.sampler import Sampler
 from speculant.workflow.stats import DecodeStats
+from speculant.workflow.stop_text import StopText
 from speculant.workflow.target_pass import PassResult
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One speculative round's outcome (the round returns it, :meth:`DecodeState.record`
+    records it)."""
+
+    k: int  # k_r: drafts verified (0: a greedy step)
+    num_accepted: int  # a: block positions accepted, the pending token included (1 … k + 1)
+    tokens: list[int]  # to commit: the accepted drafts, then the correction or the bonus
+    verify_pass: PassResult  # the round's target pass over [pending, d_1 … d_k]
+    num_proposer_invocations: int = 0
+    num_proposer_rows: int = 0  # score rows the proposer reduced to a token
+
+
+def empty_cells(package: Package) -> dict[str, Value]:
+    """Each cell as an empty host tensor: extent 1 on the request axis, 0 on the group's
+    sequence axis, the contract's fixed extents, and the owner graph's static extents for
+    symbolic axes."""
+    plan = package.plan
+    graph_inputs = {i.name: i for i in package.graphs[plan.target].graph.input}
+    cells = {}
+    for cell in plan.cells.values():
+        contract = cell.contract
+        graph_dims = graph_inputs[cell.owner_input].type.tensor_type.shape.dim
+        shape = []
+        for axis, dim in enumerate(contract.dims):
+            if axis == cell.sequence_axis:
+                shape.append(0)
+            elif contract.batch_layout.kind == "request_aligned" and \
+                    axis == contract.batch_layout.axis:
+                shape.append(1)
+            elif isinstance(dim, int):
+                shape.append(dim)
+            elif axis < len(graph_dims) and graph_dims[axis].HasField("dim_value"):
+                shape.append(graph_dims[axis].dim_value)
+            else:
+                raise AdmissionError(
+                    f"cell '{cell.name}' axis {axis} ({dim!r}) has no static extent in the "
+                    f"contract or in input '{cell.owner_input}' of the target graph, so its "
+                    "empty starting value cannot be built",
+                    path=f"pipeline.workflow.state.{cell.name}.contract.shape.{axis}",
+                    remedy="fix the extent in the contract or the graph")
+        cells[cell.name] = Value.host(np.zeros(shape, NUMPY_DTYPES[contract.dtype]),
+                                      contract.dtype)
+    return cells
 
 
 def truncate_cells(seam: TensorSeam, plan: LoadPlan, cells: Mapping[str, Value],
@@ -28,32 +77,34 @@ def truncate_cells(seam: TensorSeam, plan: LoadPlan, cells: Mapping[str, Value],
     return kept
 
 
-def set_control(admitted: Admitted, control: str, number: int | bool) -> None:
+def set_control(controls: dict[str, Value], control: str, number: int | bool) -> None:
     """Set serving control ``control`` (``active``, ``done``, ``accepted_len``), if bound."""
-    current = admitted.controls.get(control)
+    current = controls.get(control)
     if current is not None:
         array = np.full(current.shape, number, dtype=current.data.dtype)
-        admitted.controls[control] = Value.host(array, current.dtype)
+        controls[control] = Value.host(array, current.dtype)
 
 
 @dataclass(frozen=True)
 class StopRules:
     max_new_tokens: int
     stop_ids: frozenset[int]  # EOS ids in force (package EOS unless disabled, plus the request's)
-    stop_sequences: tuple[tuple[int, ...], ...]
     context_cap: int | None  # M
 
 
 @dataclass
 class DecodeState:
-    """The stream, the caches and the chain context of one decode.
+    """The stream, the caches, the serving controls and the chain context of one decode.
 
     Invariant between passes (runtime.md §14.2): every cell holds exactly positions
     ``0 … C−1``, computed from ``x[0..C)``; the *pending token* ``x[C] = tokens[-1]`` is the
-    target's choice after ``x[0..C]`` and is not consumed yet; and ``(latest, keep)`` is the
-    chain context: the first ``keep`` positions of the latest pass are the ones retained, so
-    its seed row ``keep − 1`` is the target's hidden state at the last consumed token
-    ``x[C−1]`` — the state that predicted the pending token.
+    target's choice after ``x[0..C]`` and is not consumed yet; and ``(latest, num_kept)`` is
+    the chain context: the first ``num_kept`` positions of the latest pass are the ones
+    retained, so its seed row ``num_kept − 1`` is the target's hidden state at the last
+    consumed token ``x[C−1]`` — the state that predicted the pending token.
+
+    Build it with :meth:`start` (before the prefill) or :meth:`after_pass`; every counter
+    of :attr:`stats` changes in :meth:`record_prefill` and :meth:`record`.
     """
 
     seam: TensorSeam
@@ -63,12 +114,37 @@ class DecodeState:
     tokens: list[int]  # the stream x[0..L): prompt, then committed tokens
     prompt_len: int  # P
     cells: dict[str, Value]  # cell -> current value [1, ..., C, ...] on its sequence axis
+    controls: dict[str, Value] = field(default_factory=dict)  # serving control -> current value
     consumed: int = 0  # C
     latest: PassResult | None = None
-    keep: int = 0
+    num_kept: int = 0
     stop_reason: str | None = None
     stats: DecodeStats = field(default_factory=DecodeStats)
     sampler: Sampler | None = None  # T(row) and the request's generator; None: greedy
+    text: StopText | None = None  # the committed text and its stop strings, when wanted
+
+    @classmethod
+    def start(cls, seam: TensorSeam, package: Package, rules: StopRules, admitted: Admitted,
+              prompt_ids: Iterable[int], *, sampler: Sampler | None = None,
+              text: StopText | None = None) -> DecodeState:
+        """The state before the prefill: empty caches, the admitted controls."""
+        tokens = [int(t) for t in prompt_ids]
+        return cls(seam, package.plan, rules, admitted, tokens, len(tokens),
+                   empty_cells(package), dict(admitted.initial_controls), sampler=sampler,
+                   text=text)
+
+    @classmethod
+    def after_pass(cls, seam: TensorSeam, plan: LoadPlan, admitted: Admitted,
+                   tokens: Iterable[int], pass_result: PassResult, num_kept: int,
+                   rules: StopRules | None = None) -> DecodeState:
+        """The state whose chain context is ``(pass_result, num_kept)``: its caches cut to
+        ``C = start + num_kept``; ``tokens`` is the stream ``x[0..C]``, pending token last."""
+        stream = [int(t) for t in tokens]
+        consumed = pass_result.start + num_kept
+        cells = truncate_cells(seam, plan, pass_result.presents, consumed)
+        return cls(seam, plan, rules or StopRules(1, frozenset(), None), admitted, stream,
+                   len(stream), cells, dict(admitted.initial_controls), consumed=consumed,
+                   latest=pass_result, num_kept=num_kept)
 
     @property
     def pending(self) -> int:
@@ -82,12 +158,40 @@ class DecodeState:
     def is_stopped(self) -> bool:
         return self.stop_reason is not None
 
+    @property
+    def is_active(self) -> bool:
+        """Whether the serving controls allow a pass (``active`` true and ``done`` false)."""
+        active, done = self.controls.get("active"), self.controls.get("done")
+        return not ((active is not None and not bool(active.data.reshape(-1)[0])) or
+                    (done is not None and bool(done.data.reshape(-1)[0])))
+
     def capped_width(self, k: int) -> int:
         """k_r = min(k, R − 1, M − L − 1) (runtime.md §13); k is already <= the bound."""
         width = min(k, self.rules.max_new_tokens - self.num_generated - 1)
         if self.rules.context_cap is not None:
             width = min(width, self.rules.context_cap - len(self.tokens) - 1)
         return max(width, 0)
+
+    # -- the two places a decode's counters and stream change ------------------------------
+    def record_prefill(self, pass_result: PassResult, first: int) -> list[int]:
+        """The prefill consumed the prompt and chose ``first``; returns what was committed."""
+        self.stats.record_prefill(self.sampler is not None)
+        self.advance(pass_result, len(pass_result.tokens))
+        return self.commit([first])
+
+    def record(self, result: RoundResult) -> list[int]:
+        """Record one round: roll back to ``C + num_accepted`` (the chain context becomes
+        ``(verify_pass, num_accepted)``), then commit its tokens; returns those committed."""
+        self.stats.record_pass(result.k, result.num_accepted, result.num_proposer_invocations,
+                               result.num_proposer_rows, self.sampler is not None,
+                               len(self.plan.rollback_state))
+        self.advance(result.verify_pass, result.num_accepted)
+        return self.commit(result.tokens)
+
+    def stop(self, reason: str) -> None:
+        """End the decode from outside the loop (a closed stream, inactive controls)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
 
     def commit(self, tokens: Iterable[int]) -> list[int]:
         """Append tokens one at a time with stop checks; return those committed."""
@@ -97,39 +201,36 @@ class DecodeState:
                 break
             self.tokens.append(int(token))
             committed.append(int(token))
-            self.stats.committed += 1
             self.stop_reason = self._stop_after(int(token))
+        self.stats.record_commit(len(committed))
         if self.is_stopped:
-            self._set_control("active", False)
-            self._set_control("done", True)
+            set_control(self.controls, "active", False)
+            set_control(self.controls, "done", True)
         return committed
 
     def _stop_after(self, token: int) -> str | None:
+        is_stop_string = self.text is not None and self.text.push(token)
         if self.num_generated >= self.rules.max_new_tokens:
             return "max_new_tokens"
         if token in self.rules.stop_ids:
             return "eos"
-        for sequence in self.rules.stop_sequences:
-            if sequence and tuple(self.tokens[-len(sequence):]) == sequence:
-                return "stop_sequence"
+        if is_stop_string:
+            return "stop_string"
         if self.rules.context_cap is not None and len(self.tokens) >= self.rules.context_cap:
             return "context_full"
         return None
 
-    def advance(self, vp: PassResult, keep: int) -> None:
-        """Adopt the pass's caches for its first ``keep`` positions: C' = C0 + keep.
+    def advance(self, pass_result: PassResult, num_kept: int) -> None:
+        """Adopt the pass's caches for its first ``num_kept`` positions: C' = C0 + num_kept.
 
         The target's rollback (through :func:`truncate_cells`): every ``rollback_state`` cell
-        is truncated along its group's sequence axis to ``C0 + keep`` — never
-        ``C0 + keep + 1``: position ``C0 + keep`` holds a rejected draft, and the correction
-        now pending is consumed there next pass.
+        is truncated along its group's sequence axis to ``C0 + num_kept`` — never one more:
+        that position holds a rejected draft, and the correction now pending is consumed
+        there next pass.
         """
-        new_consumed = vp.start + keep
-        self.cells = (truncate_cells(self.seam, self.plan, vp.presents, new_consumed)
-                      if keep < len(vp.tokens) else dict(vp.presents))
+        new_consumed = pass_result.start + num_kept
+        self.cells = (truncate_cells(self.seam, self.plan, pass_result.presents, new_consumed)
+                      if num_kept < len(pass_result.tokens) else dict(pass_result.presents))
         self.consumed = new_consumed
-        self.latest, self.keep = vp, keep
-        self._set_control("accepted_len", keep)
-
-    def _set_control(self, control: str, number: int | bool) -> None:
-        set_control(self.admitted, control, number)
+        self.latest, self.num_kept = pass_result, num_kept
+        set_control(self.controls, "accepted_len", num_kept)

@@ -31,25 +31,53 @@ class DecodeStats:
     residency: dict[str, int] = field(default_factory=dict)  # the seam's counters, at the end
     stop_reason: str | None = None
 
-    def record_round(self, k_r: int, a: int, num_rollback_cells: int) -> None:
+    # The decode state (workflow/state.py) is the only caller of the record_* methods.
+    def record_prefill(self, is_sampling: bool) -> None:
+        self.target_passes += 1
+        self._record_rows(1, is_sampling)
+
+    def record_pass(self, k: int, num_accepted: int, num_proposer_invocations: int,
+                    num_proposer_rows: int, is_sampling: bool, num_rollback_cells: int) -> None:
+        """One verification pass over ``k`` drafts (0: a greedy step) of which
+        ``num_accepted - 1`` were accepted."""
+        self.target_passes += 1
+        self.proposer_invocations += num_proposer_invocations
+        self._record_rows(num_proposer_rows + k + 1, is_sampling)
+        if k == 0:
+            self.greedy_steps += 1
+            return
         self.rounds += 1
-        self.trace.append((k_r, a))
-        self.drafts_proposed += k_r
-        self.accepted_drafts += a - 1
-        self.rejected_drafts += k_r - (a - 1)
-        self.rounds_with_first_draft_accepted += a >= 2
-        while len(self.proposed_at) < k_r:
+        self.trace.append((k, num_accepted))
+        self.drafts_proposed += k
+        self.accepted_drafts += num_accepted - 1
+        self.rejected_drafts += k - (num_accepted - 1)
+        self.rounds_with_first_draft_accepted += num_accepted >= 2
+        while len(self.proposed_at) < k:
             self.proposed_at.append(0)
             self.accepted_at.append(0)
-        for i in range(k_r):
+        for i in range(k):
             self.proposed_at[i] += 1
-            self.accepted_at[i] += i < a - 1
-        if a == k_r + 1:
+            self.accepted_at[i] += i < num_accepted - 1
+        if num_accepted == k + 1:
             self.full_accepts += 1
         else:
             self.rollbacks += 1
-            self.rolled_back_positions += k_r + 1 - a
+            self.rolled_back_positions += k + 1 - num_accepted
             self.rolled_back_cells += num_rollback_cells
+
+    def record_commit(self, num_tokens: int) -> None:
+        self.committed += num_tokens
+
+    def _record_rows(self, num_rows: int, is_sampling: bool) -> None:
+        if is_sampling:
+            self.sampled_rows += num_rows
+        else:
+            self.argmax_rows += num_rows
+
+    @property
+    def drafts_accepted(self) -> int:
+        """The serving metrics' name for :attr:`accepted_drafts`."""
+        return self.accepted_drafts
 
     @property
     def mean_accepted_length(self) -> float | None:

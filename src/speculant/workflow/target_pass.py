@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speculant.errors import ContractError
-from speculant.package.model import Document
+from speculant.package.model import Document, WorkflowInput
 from speculant.package.plan import LoadPlan
 from speculant.session.contracts import SymbolTable
 from speculant.session.session import ComponentSession
@@ -36,6 +36,67 @@ class PassResult:
         return self.start + len(self.tokens)
 
 
+@dataclass(frozen=True)
+class TokenIds:
+    """The pass's tokens [1, n]."""
+
+    dtype: str
+
+    def value(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value]) -> Value:
+        return Value.host(np.asarray([tokens], dtype=NUMPY_DTYPES[self.dtype]), self.dtype)
+
+
+@dataclass(frozen=True)
+class PositionIds:
+    """Positions C0 … C0 + n − 1 [1, n]."""
+
+    dtype: str
+
+    def value(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value]) -> Value:
+        array = np.arange(start, start + len(tokens), dtype=NUMPY_DTYPES[self.dtype])[None, :]
+        return Value.host(array, self.dtype)
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """Ones over every position the pass attends to [1, C0 + n]."""
+
+    dtype: str
+
+    def value(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value]) -> Value:
+        array = np.ones((1, start + len(tokens)), dtype=NUMPY_DTYPES[self.dtype])
+        return Value.host(array, self.dtype)
+
+
+@dataclass(frozen=True)
+class CellValue:
+    """A state cell's current value (extent C0 on its sequence axis)."""
+
+    cell: str
+
+    def value(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value]) -> Value:
+        return cells[self.cell]
+
+
+DriverSource = TokenIds | PositionIds | AttentionMask | CellValue
+ROLE_SOURCES = {"token_ids": TokenIds, "position_ids": PositionIds,
+                "attention_mask": AttentionMask}
+CELL_PREFIX = "cell:"  # how package/plan.py spells a cell in LoadPlan.driver_bound
+
+
+def driver_sources(plan: LoadPlan, inputs_spec: Mapping[str, WorkflowInput]
+                   ) -> tuple[tuple[str, DriverSource], ...]:
+    """What the driver binds on every pass, as source objects, from the plan's spelling."""
+    sources: list[tuple[str, DriverSource]] = []
+    for value_name, what in plan.driver_bound.items():
+        if what.startswith(CELL_PREFIX):
+            sources.append((value_name, CellValue(what[len(CELL_PREFIX):])))
+        else:
+            sources.append((value_name,
+                            ROLE_SOURCES[what](inputs_spec[value_name].contract.dtype)))
+    return tuple(sources)
+
+
 class TargetPass:
     """Runs passes of the target for one loaded package."""
 
@@ -51,18 +112,20 @@ class TargetPass:
             for dim in (cell.contract.dims[cell.sequence_axis],
                         wf.inputs[cell.initializer].contract.dims[cell.sequence_axis])
             if isinstance(dim, str))
-        role_port = plan.port_by_role
-        self.token_ids_value = plan.target_inputs[role_port["token_ids"]]
-        self.logits_port = role_port.get("logits", "logits")
+        self.driver_sources = driver_sources(plan, wf.inputs)  # compiled once
+        self.logits_port = plan.port_by_role.get("logits", "logits")
         self.seed_port = plan.chain.seed_output if plan.chain else None
 
-    def run(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value],
-            admitted: Admitted) -> PassResult:
+    def bind(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value],
+             admitted: Admitted, controls: Mapping[str, Value]
+             ) -> tuple[dict[str, Value], SymbolTable]:
+        """Every workflow value a pass over ``tokens`` from ``start`` binds, checked against
+        its contract with one package-scope symbol table (returned for the outputs)."""
         n = len(tokens)
         values: dict[str, Value] = dict(admitted.fixed)
-        values.update({self.plan.serving[c]: v for c, v in admitted.controls.items()})
-        for value_name, what in self.plan.driver_bound.items():
-            values[value_name] = self._driver_value(value_name, what, tokens, start, cells)
+        values.update({self.plan.serving[c]: v for c, v in controls.items()})
+        for value_name, source in self.driver_sources:
+            values[value_name] = source.value(tokens, start, cells)
 
         symbols = SymbolTable(f"pass over {n} token(s) at C0={start}", self.dynamic)
         for name, value in values.items():
@@ -70,9 +133,20 @@ class TargetPass:
         for name, spec in admitted.defaults.items():
             values[name] = literal_value(name, spec, symbols.resolve(spec.contract, name))
             symbols.check(name, spec.contract, values[name])
+        return values, symbols
 
-        port_values = {port: values[name] for port, name in self.plan.target_inputs.items()}
-        produced = self.session.invoke(port_values, list(self.plan.target_outputs))
+    def port_values(self, values: Mapping[str, Value]) -> dict[str, Value]:
+        """The target invoke's inputs by port, from the bound workflow values."""
+        return {port: values[name] for port, name in self.plan.target_inputs.items()}
+
+    def run(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value],
+            admitted: Admitted, controls: Mapping[str, Value]) -> PassResult:
+        """One pass over ``tokens`` from position ``start`` with the caches ``cells`` and the
+        serving ``controls`` as they stand (the decode state's)."""
+        n = len(tokens)
+        values, symbols = self.bind(tokens, start, cells, admitted, controls)
+        produced = self.session.invoke(self.port_values(values), list(self.plan.target_outputs),
+                                       check=False)  # checked at package scope above
         for port, value in produced.items():
             values[self.plan.target_outputs[port]] = value
         for value_name, output_name in self.emits:
@@ -91,17 +165,3 @@ class TargetPass:
             presents[cell.name] = present
         return PassResult(start, tuple(tokens), values, produced[self.logits_port],
                           produced.get(self.seed_port) if self.seed_port else None, presents)
-
-    def _driver_value(self, name: str, what: str, tokens: Sequence[int], start: int,
-                      cells: Mapping[str, Value]) -> Value:
-        dtype = self.inputs_spec[name].contract.dtype
-        n = len(tokens)
-        if what == "token_ids":
-            array = np.asarray([tokens], dtype=NUMPY_DTYPES[dtype])  # [1, n]
-        elif what == "position_ids":
-            array = np.arange(start, start + n, dtype=NUMPY_DTYPES[dtype])[None, :]  # [1, n]
-        elif what == "attention_mask":
-            array = np.ones((1, start + n), dtype=NUMPY_DTYPES[dtype])  # [1, C0 + n]
-        else:  # "cell:<name>": the cell's current value, extent C0
-            return cells[what.removeprefix("cell:")]
-        return Value.host(array, dtype)

@@ -95,10 +95,12 @@ class AnchorRunner:
     k: int  # drafts per round (0 for greedy)
     decode: Callable[..., AnchorDecode]  # decode(prompt_ids, n, count=False)
     settings: dict = field(default_factory=dict)  # the runtime's options, as passed
+    variant: str = ""  # a configuration beside the default one, e.g. "cuda graph"
 
     @property
     def name(self) -> str:
-        return f"{self.runtime} {self.mode}" + (f" k={self.k}" if self.k else "")
+        return (f"{self.runtime} {self.mode}" + (f" k={self.k}" if self.k else "")
+                + (f" ({self.variant})" if self.variant else ""))
 
     @property
     def counterpart(self) -> Runner:

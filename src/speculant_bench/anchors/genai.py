@@ -25,6 +25,13 @@ and what this module does about them:
   reference greedy decode never emits (so, as long as genai's tokens equal the reference,
   every decode runs to N tokens; the record says whether each did).
 
+On CUDA every mode also runs in genai's fastest configuration, CUDA graphs: the same models
+with ``enable_cuda_graph: "1"`` in every decoder's CUDA provider options (and
+``search.past_present_share_buffer``, which graph capture needs), in folders of their own
+(``target-cuda-graph/``, ``cuda-graph/``) whose config is that edit and whose model files are
+links to the built ones (:func:`cuda_graph_config`, :func:`link_variant`). A mode genai does
+not capture is skipped with genai's own error on its first decode, as any failing mode is.
+
 Modes: ``greedy`` (the target's config); ``ngram k`` (``ngram_size`` 4, i.e. the last 3 tokens
 as speculant's prompt lookup, ``max_draft_tokens`` k, fixed width); ``draft k`` (a composite
 config whose ``model.draft`` is the draft model, built by the same builder;
@@ -138,6 +145,47 @@ def patch_config(config: dict, *, threads: int | None, pad_token_id: int,
     patched["model"]["eos_token_id"] = []
     patched["model"]["pad_token_id"] = pad_token_id
     return patched
+
+
+CUDA_GRAPH = "cuda graph"  # the variant's name in the runner names and the report
+
+
+def cuda_graph_config(config: dict) -> dict:
+    """A copy of a (patched) ``genai_config.json`` with CUDA graph capture on: the CUDA
+    provider options of the decoder (and of the draft model's block) get
+    ``enable_cuda_graph: "1"``, and the KV buffers are shared between past and present
+    (``search.past_present_share_buffer``; genai captures only with static buffers). A
+    config without a CUDA provider block cannot capture: AnchorError."""
+    patched = copy.deepcopy(config)
+    for block in _decoder_blocks(patched):
+        providers = block.get("session_options", {}).get("provider_options", [])
+        cuda = [entry["cuda"] for entry in providers if "cuda" in entry]
+        if not cuda:
+            raise AnchorError("onnxruntime-genai's CUDA graphs need the CUDA provider, and "
+                              f"the {block.get('filename', 'decoder')} config has none "
+                              f"(provider_options {providers})")
+        for options in cuda:
+            options["enable_cuda_graph"] = "1"
+    patched.setdefault("search", {})["past_present_share_buffer"] = True
+    return patched
+
+
+def link_variant(source: Path, folder: Path, config: dict,
+                 entries: Sequence[str] | None = None) -> Path:
+    """``folder`` with ``genai_config.json`` = ``config`` and a link to each entry of
+    ``source`` (default: every file but its config and stamp), so genai loads the built model
+    files under another config without copying them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = entries if entries is not None else [
+        p.name for p in sorted(source.iterdir())
+        if p.name not in ("genai_config.json", BUILT_CONFIG) and not p.name.startswith(".")]
+    for name in names:
+        link = folder / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to((source / name).resolve())
+    (folder / "genai_config.json").write_text(json.dumps(config, indent=4))
+    return folder
 
 
 def compose_draft_config(target: dict, draft: dict, *, target_subdir: str = "target",
@@ -269,14 +317,26 @@ def prepare(setup: AnchorSetup, *, target_hf: Path, draft_hf: Path | None, work:
         "folder": str(root),
     }
 
-    target_model = og.Model(str(root / "target"))
-    models = {"target": target_model}
+    folders = {"target": root / "target"}
     if use_draft:
         draft_built = json.loads((root / "draft" / BUILT_CONFIG).read_text())
         composite = patch_config(compose_draft_config(built, draft_built), threads=threads,
                                  pad_token_id=pad, device_id=device_id(device))
         (root / "genai_config.json").write_text(json.dumps(composite, indent=4))
-        models["composite"] = og.Model(str(root))
+        folders["composite"] = root
+    if device.startswith("cuda"):
+        folders.update(cuda_graph_folders(root, target_config,
+                                          composite if use_draft else None))
+        setup.info["genai"]["cuda_graph"] = {"enable_cuda_graph": "1",
+                                             "past_present_share_buffer": True}
+    models = {}
+    for which, folder in folders.items():
+        try:
+            models[which] = og.Model(str(folder))
+        except Exception as error:  # noqa: BLE001 - genai's own refusal is the reason
+            if not which.endswith(GRAPH_SUFFIX):
+                raise
+            setup.skip("genai", f"genai ({CUDA_GRAPH})", f"{type(error).__name__}: {error}")
     setup.cleanup.append(models.clear)
 
     def decoder(model, options: dict | None):
@@ -301,12 +361,40 @@ def prepare(setup: AnchorSetup, *, target_hf: Path, draft_hf: Path | None, work:
             return AnchorDecode(tokens, total, first - started, counts)
         return decode
 
+    for mode, k, which in runner_modes(proposers, ks, use_draft, device):
+        if which not in models:
+            continue
+        options = speculative_options(mode, k)
+        is_graph = which.endswith(GRAPH_SUFFIX)
+        settings = {**(options or {}), **({"enable_cuda_graph": "1"} if is_graph else {})}
+        setup.runners.append(AnchorRunner("genai", mode, k, decoder(models[which], options),
+                                          settings, CUDA_GRAPH if is_graph else ""))
+
+
+GRAPH_SUFFIX = "+cuda_graph"  # model keys of the CUDA-graph variant
+
+
+def runner_modes(proposers: Sequence[str], ks: Sequence[int], use_draft: bool,
+                 device: str) -> list[tuple[str, int, str]]:
+    """(mode, k, model key) of every genai runner: greedy, n-gram per k (with prompt lookup),
+    draft model per k (with a draft); on CUDA each again on the CUDA-graph models."""
     modes = [("greedy", 0, "target")]
     if "prompt_lookup" in proposers:
         modes += [("ngram", k, "target") for k in ks]
     if use_draft:
         modes += [("draft", k, "composite") for k in ks]
-    for mode, k, which in modes:
-        options = speculative_options(mode, k)
-        setup.runners.append(AnchorRunner("genai", mode, k, decoder(models[which], options),
-                                          options or {}))
+    if device.startswith("cuda"):
+        modes += [(mode, k, which + GRAPH_SUFFIX) for mode, k, which in modes]
+    return modes
+
+
+def cuda_graph_folders(root: Path, target_config: dict,
+                       composite: dict | None) -> dict[str, Path]:
+    """The CUDA-graph variants' folders: ``root/target-cuda-graph`` (links to the target's
+    files) and, with a draft, ``root/cuda-graph`` (links to ``target/`` and ``draft/``)."""
+    folders = {"target" + GRAPH_SUFFIX: link_variant(
+        root / "target", root / "target-cuda-graph", cuda_graph_config(target_config))}
+    if composite is not None:
+        folders["composite" + GRAPH_SUFFIX] = link_variant(
+            root, root / "cuda-graph", cuda_graph_config(composite), ["target", "draft"])
+    return folders

@@ -19,6 +19,7 @@ Each ratio also has its spread over the repeats, runner against runner in the sa
 
 from __future__ import annotations
 
+from speculant_bench.figures import decode_tokens_per_s, end_to_end_tokens_per_s, ttft_ms
 from speculant_bench.run import BenchRun, RunnerResult, Sample
 from speculant_bench.spread import Spread
 
@@ -26,11 +27,9 @@ RATIO_FIGURES = ("decode_tokens_per_s", "end_to_end_tokens_per_s")
 
 
 def _figures():
-    from speculant_bench import report
-
-    return {"decode_tokens_per_s": report.decode_tokens_per_s,
-            "end_to_end_tokens_per_s": report.end_to_end_tokens_per_s,
-            "time_to_first_token_ms": report.ttft_ms}
+    return {"decode_tokens_per_s": decode_tokens_per_s,
+            "end_to_end_tokens_per_s": end_to_end_tokens_per_s,
+            "time_to_first_token_ms": ttft_ms}
 
 
 def decode_ms_per_prompt(samples: list[Sample]) -> float:
@@ -72,6 +71,7 @@ def summarize_anchor(result: RunnerResult, greedy: RunnerResult | None,
         "name": runner.name,
         "runtime": runner.runtime,
         "mode": runner.mode,
+        "variant": runner.variant,
         "k": runner.k,
         "counterpart": runner.counterpart.name,
         "settings": runner.settings,
@@ -270,8 +270,10 @@ def plot_on(ax, report: dict) -> None:
             ax.axhline(row["decode_tokens_per_s"]["median"], linestyle=":", linewidth=1.2,
                        color="tab:gray" if row["runtime"] == "hf" else "tab:cyan",
                        label=row["name"])
-    for key in dict.fromkeys((r["runtime"], r["mode"]) for r in rows if r["k"]):
-        line = sorted((r for r in rows if (r["runtime"], r["mode"]) == key),
-                      key=lambda r: r["k"])
+    def key_of(row: dict) -> tuple[str, ...]:
+        return (row["runtime"], row["mode"]) + ((row["variant"],) if row.get("variant") else ())
+
+    for key in dict.fromkeys(key_of(r) for r in rows if r["k"]):
+        line = sorted((r for r in rows if key_of(r) == key), key=lambda r: r["k"])
         ax.plot([r["k"] for r in line], [r["decode_tokens_per_s"]["median"] for r in line],
                 linestyle=":", marker="x", label=" ".join(key))

@@ -18,6 +18,15 @@ kernels per layer, the contrib operators ONNX Runtime ships for exactly this:
   takes ``seqlens_k`` (= total length − 1) and ``total_sequence_length``, both computed in
   the graph from ``attention_mask``, and places rotary at positions ``P + i``.
 
+With ``cache="static"`` (onnxruntime-genai's ``past_present_share_buffer`` form) the pasts are
+fixed-capacity buffers ``[b, KV, capacity, d]`` and each present is the GroupQueryAttention
+node's own output with the capacity shape, so a driver that binds a layer's past and present
+to one buffer gets the block written in place at ``[P, P + s)`` (ONNX Runtime's kernel sees
+equal addresses and skips its copy). ``seqlens_k`` = ``cache_lengths + s − 1`` and
+``total_sequence_length`` = the capacity (a shape, so it is fixed for a CUDA graph; it is a
+host input of the kernel). Every other value is computed on the device from device inputs, so
+no host-to-device copy sits inside the graph (ONNX Runtime refuses to capture one).
+
 What it assumes: the attention mask is all ones (what speculant's driver binds: no padding
 in a one-sequence pass) and ``position_ids`` = ``P + i`` (speculant binds exactly that; the
 input stays in the graph's signature, GroupQueryAttention derives the positions itself).
@@ -67,7 +76,7 @@ def use_fused(config: LlamaConfig, dtype: str, graph: str = "auto") -> bool:
 
 
 def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
-                       name: str = "target") -> onnx.ModelProto:
+                       name: str = "target", *, cache: str = "appended") -> onnx.ModelProto:
     """The target of :func:`~speculant_tools.export.graphs.target_graph` (same inputs, outputs,
     weights and cells) with fused kernels; ``dtype`` float16 or float32 (float32 runs on the
     CPU only: ONNX Runtime has no float32 GroupQueryAttention for CUDA)."""
@@ -75,7 +84,7 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
         raise ValueError(f"no fused target for {dtype} with head_dim {config.head_dim}: "
                          f"needs one of {FUSED_DTYPES} and a head_dim multiple of 16")
     c = config
-    g = _Graph(name, c, dtype, fused_norms=True)
+    g = _Graph(name, c, dtype, fused_norms=True, cache=cache)
     # position_ids stays in the signature: GroupQueryAttention places rotary at P + i itself
     input_ids, mask, _, pasts = g.decoder_inputs(weights)
     cos, sin = rope_tables(c)  # [max_pos, d] float32, halves duplicated
@@ -84,11 +93,19 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     cos_cache = g.weight("speculant.rope.cos_cache", cos[:, :half].astype(storage))
     sin_cache = g.weight("speculant.rope.sin_cache", sin[:, :half].astype(storage))
 
-    # seqlens_k [b] int32 = ones in the mask - 1; total_sequence_length int32 scalar = T
-    seqlens_k = g.op("Cast", [g.op("Sub", [
-        g.op("ReduceSum", [mask, g.const("axis", [1], "int64")], "valid", keepdims=0),
-        g.const("one", 1, "int64")])], "seqlens_k", to=TensorProto.INT32)
-    total = g.op("Cast", [g.dim(mask, 1, "total")], "total_len", to=TensorProto.INT32)
+    if g.is_static:  # seqlens_k [b] = P + s - 1; total_sequence_length = the capacity
+        # s counted on the device (a host scalar from Shape would need a copy: no CUDA graph)
+        ones = g.op("Add", [g.op("Mul", [input_ids, g.const("zero", 0, "int64")]),
+                            g.const("one", 1, "int64")], "ones")  # [b, s]
+        num_new = g.op("ReduceSum", [ones, g.const("axis", [1], "int64")], "num_new",
+                       keepdims=0)  # [b]
+        valid = g.op("Add", [mask, num_new], "valid")  # [b] P + s
+    else:  # seqlens_k [b] int32 = ones in the mask - 1; total_sequence_length int32 = T
+        valid = g.op("ReduceSum", [mask, g.const("axis", [1], "int64")], "valid", keepdims=0)
+    seqlens_k = g.op("Cast", [g.op("Sub", [valid, g.const("one", 1, "int64")])], "seqlens_k",
+                     to=TensorProto.INT32)
+    total = g.op("Cast", [g.dim(pasts[0][0], 2, "capacity") if g.is_static
+                          else g.dim(mask, 1, "total")], "total_len", to=TensorProto.INT32)
 
     x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
     h = g.norm(x, "model.layers.0.input_layernorm.weight")

@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from speculant_tools.export.config import EMBEDDING, LlamaConfig
-from speculant_tools.onnx_build import GraphBuilder
+from speculant_tools.onnx_build import ELEMENT_TYPES, GraphBuilder
 
 CONFIG_KEY = "speculant.export.llama_config"  # metadata_props entry: LlamaConfig JSON
 ROLE_KEY = "speculant.export.role"  # metadata_props entry: target | drafter
@@ -30,6 +30,10 @@ MASKED = float(np.finfo(np.float32).min)  # score of a key a query may not see
 MS_DOMAIN = "com.microsoft"
 # Operators only ONNX Runtime defines in the default domain (the ONNX checker rejects them)
 ORT_OPERATORS = frozenset({"SimplifiedLayerNormalization"})
+
+CACHES = ("appended", "static")
+LENGTHS = "cache_lengths"  # static form: [b] int64, the valid length of the caches read
+CAPACITY = "capacity"  # static form: the symbol of the buffers' sequence axis
 
 BORROWED_KEY = "shared_kv.key"
 BORROWED_VALUE = "shared_kv.value"
@@ -66,9 +70,22 @@ class _Graph(GraphBuilder):
     the RMSNorms (and the residual add before one) are ONNX Runtime's fused kernels."""
 
     def __init__(self, name: str, config: LlamaConfig, dtype: str, *,
-                 fused_norms: bool = False) -> None:
+                 fused_norms: bool = False, cache: str = "appended") -> None:
         super().__init__(name)
+        if cache not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, not {cache!r}")
         self.config, self.dtype, self.fused_norms = config, dtype, fused_norms
+        self.is_static = cache == "static"
+        self._arange: str | None = None  # static form: the `speculant.slots` initializer
+
+    def rename(self, value: str, name: str) -> str:
+        """Give the value ``value`` the name ``name`` wherever it appears (a graph output
+        produced by its node directly, without an Identity, so ONNX Runtime writes it into
+        the buffer bound to that output)."""
+        for node in self.nodes:
+            node.input[:] = [name if v == value else v for v in node.input]
+            node.output[:] = [name if v == value else v for v in node.output]
+        return name
 
     def node(self, op_type: str, inputs: list[str], num_outputs: int, hint: str,
              domain: str = "", keep: tuple[int, ...] | None = None, **attrs) -> list[str]:
@@ -178,17 +195,20 @@ class _Graph(GraphBuilder):
 
     def decoder_inputs(self, weights: Mapping[str, np.ndarray]
                        ) -> tuple[str, str, str, list[tuple[str, str]]]:
-        """The target's inputs: ``input_ids`` [b, s], ``attention_mask`` [b, T],
-        ``position_ids`` [b, s], each layer's past key and value [b, KV, P, d]; and its
-        weights as initializers."""
+        """The target's inputs: ``input_ids`` [b, s], ``attention_mask`` [b, T] (static:
+        ``cache_lengths`` [b] int64 instead), ``position_ids`` [b, s], each layer's past key
+        and value [b, KV, P, d] (static: [b, KV, capacity, d]); and its weights as
+        initializers."""
         c, dtype = self.config, self.dtype
         input_ids = self.add_input("input_ids", "int64", ("batch", "sequence"))
-        mask = self.add_input("attention_mask", "int64", ("batch", "total_sequence"))
+        if self.is_static:
+            mask = self.add_input(LENGTHS, "int64", ("batch",))
+        else:
+            mask = self.add_input("attention_mask", "int64", ("batch", "total_sequence"))
         position_ids = self.add_input("position_ids", "int64", ("batch", "sequence"))
-        pasts = [(self.add_input(f"past_key_values.{i}.key", dtype,
-                                 _cache_dims(c, "past_sequence")),
-                  self.add_input(f"past_key_values.{i}.value", dtype,
-                                 _cache_dims(c, "past_sequence")))
+        past = CAPACITY if self.is_static else "past_sequence"
+        pasts = [(self.add_input(f"past_key_values.{i}.key", dtype, _cache_dims(c, past)),
+                  self.add_input(f"past_key_values.{i}.value", dtype, _cache_dims(c, past)))
                  for i in range(c.num_hidden_layers)]
         for weight_name, array in weights.items():
             self.weight(weight_name, array)
@@ -196,15 +216,45 @@ class _Graph(GraphBuilder):
 
     def decoder_outputs(self, hidden: str, presents: list[tuple[str, str]]) -> None:
         """``logits`` (tied head), ``hidden_states`` (after the final norm), and each layer's
-        present key and value [b, KV, T, d]."""
+        present key and value [b, KV, T, d] (static: the buffers [b, KV, capacity, d], each
+        the output of the node that writes it)."""
         c, dtype = self.config, self.dtype
         self.add_output("logits", self.lm_head(hidden), dtype,
                         ("batch", "sequence", c.vocab_size))
         self.add_output("hidden_states", hidden, dtype, ("batch", "sequence", c.hidden_size))
-        for i, (key, value) in enumerate(presents):
-            self.add_output(f"present.{i}.key", key, dtype, _cache_dims(c, "total_sequence"))
-            self.add_output(f"present.{i}.value", value, dtype,
-                            _cache_dims(c, "total_sequence"))
+        total = CAPACITY if self.is_static else "total_sequence"
+        for i, cells in enumerate(presents):
+            for part, value in zip(("key", "value"), cells, strict=True):
+                name = f"present.{i}.{part}"
+                if self.is_static:
+                    self.outputs.append(onnx.helper.make_tensor_value_info(
+                        self.rename(value, name), ELEMENT_TYPES[dtype], _cache_dims(c, total)))
+                else:
+                    self.add_output(name, value, dtype, _cache_dims(c, total))
+
+    def slots(self, value: str, axis: int, hint: str) -> str:
+        """``[0, extent)`` int64 for the extent of ``value`` on ``axis``: a window of one
+        ``arange`` initializer sliced by the shape, so it is computed on the device that runs
+        the graph (no host scalar feeds a device node: nothing breaks a CUDA graph)."""
+        if self._arange is None:
+            self._arange = self.weight("speculant.slots", np.arange(
+                self.config.max_position_embeddings, dtype=np.int64))
+        extent = self.op("Shape", [value], f"{hint}_extent", start=axis, end=axis + 1)
+        return self.op("Slice", [self._arange, self.const("zero", [0], "int64"), extent], hint)
+
+    def static_positions(self, lengths: str, input_ids: str, buffer: str) -> tuple[str, str]:
+        """Static form: the block's positions ``P + [0, s)`` [s] and the key slots
+        ``[0, capacity)`` [capacity], int64, from ``cache_lengths`` [b] (one sequence)."""
+        query_pos = self.op("Add", [lengths, self.slots(input_ids, 1, "block")], "query_pos")
+        return query_pos, self.slots(buffer, 2, "key_pos")
+
+    def scatter_block(self, buffer: str, block: str, query_pos: str) -> str:
+        """Static form: ``buffer`` [b, KV, capacity, d] with ``block`` [b, KV, s, d] written
+        at slots ``query_pos`` [s] of axis 2 (``ScatterElements``, in place when the output
+        is bound to the input's buffer)."""
+        slots = self.op("Reshape", [query_pos, self.const("slots", [1, 1, -1, 1], "int64")])
+        indices = self.op("Expand", [slots, self.op("Shape", [block], "block_shape")], "at")
+        return self.op("ScatterElements", [buffer, indices, block], "written", axis=2)
 
     def finish(self, role: str) -> onnx.ModelProto:
         inline = sum(len(t.raw_data) for t in self.initializers) <= INLINE_LIMIT
@@ -223,28 +273,33 @@ def _cache_dims(config: LlamaConfig, symbol: str) -> tuple:
 
 
 def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
-                 name: str = "target") -> onnx.ModelProto:
+                 name: str = "target", *, cache: str = "appended") -> onnx.ModelProto:
     """The Llama decoder with explicit past/present KV (``weights`` from
     :func:`~speculant_tools.export.config.checked_weights`, already in ``dtype``).
 
     Query ``q`` of the pass (absolute position ``past + q``) sees keys ``<= past + q`` whose
-    attention-mask entry is 1. ``hidden_states`` is the output of the final norm.
+    attention-mask entry is 1 (static: every key slot ``<= P + q``, ``P`` = ``cache_lengths``).
+    ``hidden_states`` is the output of the final norm.
     """
     c = config
-    g = _Graph(name, c, dtype)
+    g = _Graph(name, c, dtype, cache=cache)
     input_ids, mask, position_ids, pasts = g.decoder_inputs(weights)
 
-    # Causal mask and padding mask: allowed[b, 1, 1, q, j] = j <= P + q and mask[b, j].
-    num_new = g.dim(input_ids, 1, "num_new")
-    past_len = g.dim(pasts[0][0], 2, "past_len")
-    total_len = g.op("Add", [past_len, num_new], "total_len")
-    one = g.const("one", 1, "int64")
-    query_pos = g.op("Range", [past_len, total_len, one], "query_pos")  # [s]
-    key_pos = g.op("Range", [g.const("zero", 0, "int64"), total_len, one], "key_pos")  # [T]
-    causal = g.op("LessOrEqual", [g.unsqueeze(key_pos, [0]), g.unsqueeze(query_pos, [1])],
-                  "causal")  # [s, T]
-    visible = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL), [1, 2, 3])
-    allowed = g.op("And", [causal, visible], "allowed")  # [b, 1, 1, s, T]
+    if g.is_static:  # allowed[q, j] = j <= P + q over the capacity's slots
+        query_pos, key_pos = g.static_positions(mask, input_ids, pasts[0][0])
+        allowed = g.op("LessOrEqual", [g.unsqueeze(key_pos, [0]), g.unsqueeze(query_pos, [1])],
+                       "allowed")  # [s, capacity]
+    else:  # causal mask and padding mask: allowed[b, 1, 1, q, j] = j <= P + q and mask[b, j]
+        num_new = g.dim(input_ids, 1, "num_new")
+        past_len = g.dim(pasts[0][0], 2, "past_len")
+        total_len = g.op("Add", [past_len, num_new], "total_len")
+        one = g.const("one", 1, "int64")
+        query_pos = g.op("Range", [past_len, total_len, one], "query_pos")  # [s]
+        key_pos = g.op("Range", [g.const("zero", 0, "int64"), total_len, one], "key_pos")
+        causal = g.op("LessOrEqual", [g.unsqueeze(key_pos, [0]), g.unsqueeze(query_pos, [1])],
+                      "causal")  # [s, T]
+        visible = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL), [1, 2, 3])
+        allowed = g.op("And", [causal, visible], "allowed")  # [b, 1, 1, s, T]
     rope = g.rope_at(position_ids)
 
     x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
@@ -255,8 +310,12 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
         k = g.heads(g.linear(h, f"{prefix}.self_attn.k_proj.weight"), c.num_key_value_heads)
         k = g.from_float32(g.rotate(g.to_float32(k, dtype), rope), dtype)
         v = g.heads(g.linear(h, f"{prefix}.self_attn.v_proj.weight"), c.num_key_value_heads)
-        key = g.op("Concat", [past_key, k], f"present_{i}_key", axis=2)  # [b, KV, T, d]
-        value = g.op("Concat", [past_value, v], f"present_{i}_value", axis=2)
+        if g.is_static:  # [b, KV, capacity, d], the block at [P, P + s)
+            key, value = (g.scatter_block(past, new, query_pos)
+                          for past, new in ((past_key, k), (past_value, v)))
+        else:
+            key = g.op("Concat", [past_key, k], f"present_{i}_key", axis=2)  # [b, KV, T, d]
+            value = g.op("Concat", [past_value, v], f"present_{i}_value", axis=2)
         presents.append((key, value))
         x = g.op("Add", [x, g.attention(h, prefix, rope, key, value, allowed)], "resid")
         h = g.rms_norm(x, f"{prefix}.post_attention_layernorm.weight")
@@ -269,25 +328,37 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
 
 def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
                   embedding: np.ndarray, dtype: str, name: str = "assistant", *,
-                  fused_norms: bool = False) -> onnx.ModelProto:
+                  fused_norms: bool = False, cache: str = "appended") -> onnx.ModelProto:
     """The cacheless chained drafter: ``x = in_proj(inputs_embeds)``, one decoder layer whose
     attention reads the borrowed last-layer KV of the target (every key whose mask entry is
     1; no causal term), ``drafter.norm`` -> ``projected_state``; logits through the tied
     table, carried in this graph under the target's name ``model.embed_tokens.weight``.
     ``fused_norms``: its three norms and two residual adds as ONNX Runtime's fused kernels
-    (with the fused target: the same function in three nodes instead of ~29)."""
+    (with the fused target: the same function in three nodes instead of ~29).
+    ``cache="static"``: the borrowed caches are the target's buffers [b, KV, capacity, d]
+    (bound as they are, no copy) and ``cache_lengths`` [b] int64 replaces the mask: every
+    query sees the slots ``< cache_lengths``."""
     c = config
-    g = _Graph(name, c, dtype, fused_norms=fused_norms)
+    g = _Graph(name, c, dtype, fused_norms=fused_norms, cache=cache)
     fused = g.add_input("inputs_embeds", dtype, ("batch", "sequence", 2 * c.hidden_size))
     position_ids = g.add_input("position_ids", "int64", ("batch", "sequence"))  # [b, s]
-    mask = g.add_input("attention_mask", "int64", ("batch", "kv_sequence"))  # [b, K]
-    key = g.add_input(BORROWED_KEY, dtype, _cache_dims(c, "kv_sequence"))  # [b, KV, K, d]
-    value = g.add_input(BORROWED_VALUE, dtype, _cache_dims(c, "kv_sequence"))
+    borrowed = CAPACITY if g.is_static else "kv_sequence"
+    if g.is_static:
+        lengths = g.add_input(LENGTHS, "int64", ("batch",))  # [b]
+    else:
+        mask = g.add_input("attention_mask", "int64", ("batch", "kv_sequence"))  # [b, K]
+    key = g.add_input(BORROWED_KEY, dtype, _cache_dims(c, borrowed))  # [b, KV, K, d]
+    value = g.add_input(BORROWED_VALUE, dtype, _cache_dims(c, borrowed))
     g.weight(EMBEDDING, embedding)
     for weight_name, array in weights.items():
         g.weight(weight_name, array)
 
-    allowed = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL), [1, 2, 3])
+    if g.is_static:  # allowed[b, 1, 1, 1, j] = j < cache_lengths[b]
+        slots = g.slots(key, 2, "slots")  # [capacity]
+        allowed = g.unsqueeze(g.op("Less", [g.unsqueeze(slots, [0]),
+                                            g.unsqueeze(lengths, [1])], "valid"), [1, 2, 3])
+    else:
+        allowed = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL), [1, 2, 3])
     rope = g.rope_at(position_ids)
     x = g.linear(fused, "drafter.in_proj.weight")  # [b, s, hidden]
     prefix = "drafter.layer"

@@ -6,6 +6,10 @@ borrows the last layer's two cells through ``read_only`` aliases. The draft-mode
 follows §8.1 (component ``decoder``). Shape symbols: ``sequence`` (tokens of a pass),
 ``past_sequence`` (cache it reads), ``total_sequence`` (cache it returns, and the mask),
 ``kv_sequence`` (cache the drafter borrows).
+
+:func:`static_cache_form` turns either document into the static-cache form of catalogue
+document 18 (fixed-capacity cells written by ``indexed_scatter``, ``logical_lengths``); the
+mapping of its fields onto the graphs is in docs/design/static-cache.md.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speculant_tools.export.config import EMBEDDING, LlamaConfig
-from speculant_tools.export.graphs import BORROWED_KEY, BORROWED_VALUE
+from speculant_tools.export.graphs import BORROWED_KEY, BORROWED_VALUE, CAPACITY, LENGTHS
 from speculant_tools.writing import CAPABILITIES, contract, opaque_input
 
 GROUP = "attention"
@@ -220,3 +224,68 @@ def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
         "rollback_state": list(_cells(c, dtype)),
     }
     return document
+
+
+# -- the static-cache form (catalogue document 18) ----------------------------------------------
+CACHE_SYMBOLS = ("past_sequence", "total_sequence", "kv_sequence")  # -> CAPACITY
+LENGTHS_INPUT = f"request.{LENGTHS}"
+
+
+def _to_capacity(body: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "shape": [CAPACITY if axis in CACHE_SYMBOLS else axis
+                              for axis in body["shape"]]}
+
+
+def static_cache_form(document: dict[str, Any], config: LlamaConfig) -> dict[str, Any]:
+    """The document of the same components built with ``cache="static"``: every KV cell and
+    cache port has the extent ``capacity`` on axis 2 (recurrence ``invariant``: the buffer
+    never grows); the cell ``cache_lengths`` [batch] int64 is the valid length, the group's
+    ``logical_lengths``, and its ``indexed_scatter`` write index (a pass writes its block at
+    ``[cache_lengths, cache_lengths + s)``: one contiguous sequence); each component's
+    ``attention_mask`` port becomes the ``cache_lengths`` port; ``package.capacity`` (default:
+    the context) bounds the cells. Modified in place and returned."""
+    workflow = document["pipeline"]["workflow"]
+    inputs = workflow["inputs"]
+    del inputs["request.attention_mask"], inputs["package.max_context"]
+    for name in [n for n in inputs if n.startswith("request.past.")]:
+        inputs[name]["contract"] = _to_capacity(inputs[name]["contract"])
+    inputs[LENGTHS_INPUT] = opaque_input(LENGTHS, contract("int64", ["batch"]))
+    inputs["package.capacity"] = {
+        "contract": contract("int64", [1], aligned=False), "role": {"kind": "opaque"},
+        "source": {"kind": "literal"}, "required": False,
+        "default": config.max_position_embeddings}
+    for cell in workflow["state"].values():
+        cell["contract"] = _to_capacity(cell["contract"])
+        cell["recurrence"] = {"kind": "invariant"}
+    workflow["state"][LENGTHS] = {
+        "contract": contract("int64", ["batch"]), "scope": "invocation",
+        "initializer": LENGTHS_INPUT, "recurrence": {"kind": "invariant"},
+        "management": "runtime", "release_boundary": "invocation"}
+    for component in workflow["components"].values():
+        ports = component["ports"]
+        ports["inputs"] = {(LENGTHS if port == "attention_mask" else port):
+                           (contract("int64", ["batch"]) if port == "attention_mask"
+                            else _to_capacity(body)) for port, body in ports["inputs"].items()}
+        ports["outputs"] = {port: _to_capacity(body) for port, body in ports["outputs"].items()}
+        ports["roles"].pop("attention_mask", None)
+    for step in workflow["steps"]:
+        if step["kind"] == "invoke" and "attention_mask" in step["inputs"]:
+            step["inputs"] = {(LENGTHS if port == "attention_mask" else port):
+                              (LENGTHS_INPUT if port == "attention_mask" else value)
+                              for port, value in step["inputs"].items()}
+    group = workflow["serving"]["state_service"]["groups"][GROUP]
+    readers = {name: LENGTHS for name in workflow["components"]}
+    group["logical_lengths"] = LENGTHS
+    group["update"] = {"kind": "indexed_scatter", "write_indices": LENGTHS,
+                       "capacity": "package.capacity", "write_indices_ports": {
+                           name: LENGTHS for name, aliases in group["ports"].items()
+                           if any("output" in alias for alias in aliases.values())},
+                       "kv_length_ports": readers}
+    return document
+
+
+def cache_form(document: dict[str, Any]) -> str:
+    """``static`` for a document in :func:`static_cache_form`, else ``appended``."""
+    groups = document["pipeline"]["workflow"]["serving"]["state_service"]["groups"]
+    kinds = {(group.get("update") or {}).get("kind", "append") for group in groups.values()}
+    return "static" if kinds == {"indexed_scatter"} else "appended"

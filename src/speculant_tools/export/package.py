@@ -13,6 +13,11 @@ package is its own checkpoint.
 :data:`~speculant_tools.export.graphs.INLINE_LIMIT` (1 GiB) and beside it above that, in
 ``model.onnx.data`` next to ``model.onnx`` (protobuf cannot hold 2 GiB); True or False forces
 one or the other. speculant admits external data that stays inside the package folder.
+
+``cache``: ``appended`` (the default) or ``static`` (fixed-capacity KV buffers written in
+place, catalogue document 18's form; export/graphs.py, docs/design/static-cache.md). The
+runtime admits static packages once it drives them; until then loading one is refused with
+an UnsupportedError naming ``update.kind``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from speculant_tools.export.config import (
 )
 from speculant_tools.export.fused import fused_target_graph, use_fused
 from speculant_tools.export.graphs import (
+    CACHES,
     CONFIG_KEY,
     INLINE_LIMIT,
     drafter_graph,
@@ -48,7 +54,13 @@ from speculant_tools.export.graphs import (
     target_graph,
     uses_ort_operators,
 )
-from speculant_tools.export.metadata import TokenizerFacts, decoder_metadata, pair_metadata
+from speculant_tools.export.metadata import (
+    TokenizerFacts,
+    cache_form,
+    decoder_metadata,
+    pair_metadata,
+    static_cache_form,
+)
 from speculant_tools.writing import write_metadata, write_model
 
 DEFAULT_ROLLBACK = 8
@@ -61,17 +73,20 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
                        dtype: str = "float32", scale: float | None = None,
                        max_proposal_width: int = 8, eos_id: int | None = None,
                        rollback_positions: int | None = None,
-                       external_data: bool | None = None, graph: str = "auto") -> Path:
+                       external_data: bool | None = None, graph: str = "auto",
+                       cache: str = "appended") -> Path:
     """The chained pair: ``target/model.onnx``, ``assistant/model.onnx``,
     ``inference_metadata.yaml`` (metadata.md §8.2 shape), ``tokenizer.json``.
 
     ``target_config``: a :class:`LlamaConfig`, a ``transformers`` config or a config.json
     mapping. ``scale`` defaults to ``sqrt(hidden_size)``; ``rollback_positions`` to
     ``max(8, max_proposal_width)``; ``eos_id`` to the tokenizer's one special EOS token;
-    ``graph`` picks the target's graph (export/fused.py: ``auto``, ``fused``, ``explicit``).
+    ``graph`` picks the target's graph (export/fused.py: ``auto``, ``fused``, ``explicit``);
+    ``cache`` its caches' form (``appended`` or ``static``; the drafter's borrowed caches
+    follow).
     """
     config = LlamaConfig.from_hf(target_config)
-    dtype = check_dtype(dtype)
+    dtype, cache = check_dtype(dtype), check_cache(cache)
     target = checked_weights(target_weights, target_shapes(config), dtype, "target weights")
     drafter = checked_weights(drafter_weights, drafter_shapes(config), dtype, "drafter weights")
     scale = math.sqrt(config.hidden_size) if scale is None else float(scale)
@@ -80,13 +95,15 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     rollback = _rollback(rollback_positions, max_proposal_width)
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_graph(target_builder(config, dtype, graph)(config, target, dtype),
+    write_graph(target_builder(config, dtype, graph)(config, target, dtype, cache=cache),
                 root / "target" / "model.onnx", external_data)
     write_graph(drafter_graph(config, drafter, target[EMBEDDING], dtype,
-                              fused_norms=use_fused(config, dtype, graph)),
+                              fused_norms=use_fused(config, dtype, graph), cache=cache),
                 root / "assistant" / "model.onnx", external_data)
     document = pair_metadata(config, dtype, facts, scale=scale,
                              max_proposal_width=max_proposal_width, rollback_positions=rollback)
+    if cache == "static":
+        document = static_cache_form(document, config)
     write_metadata(document, root, _header("Chained Llama pair", config, dtype))
     _copy_tokenizer(tokenizer_json_path, root)
     return root
@@ -96,18 +113,22 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
                           tokenizer_json_path: str | Path, *, dtype: str = "float32",
                           eos_id: int | None = None,
                           rollback_positions: int = DEFAULT_ROLLBACK,
-                          external_data: bool | None = None, graph: str = "auto") -> Path:
+                          external_data: bool | None = None, graph: str = "auto",
+                          cache: str = "appended") -> Path:
     """A plain greedy decoder package (metadata.md §8.1; component ``decoder``) for a
-    ``LlamaForCausalLM``: the separate draft model."""
+    ``LlamaForCausalLM``: the separate draft model. ``cache``: ``appended`` or ``static``."""
     config = LlamaConfig.from_hf(config)
-    dtype = check_dtype(dtype)
+    dtype, cache = check_dtype(dtype), check_cache(cache)
     arrays = checked_weights(weights, target_shapes(config), dtype, "decoder weights")
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_graph(target_builder(config, dtype, graph)(config, arrays, dtype, name="decoder"),
+    write_graph(target_builder(config, dtype, graph)(config, arrays, dtype, name="decoder",
+                                                     cache=cache),
                 root / "decoder" / "model.onnx", external_data)
     document = decoder_metadata(config, dtype, facts,
                                 rollback_positions=_rollback(rollback_positions, 1))
+    if cache == "static":
+        document = static_cache_form(document, config)
     write_metadata(document, root, _header("Llama greedy decoder", config, dtype))
     _copy_tokenizer(tokenizer_json_path, root)
     return root
@@ -118,6 +139,13 @@ def target_builder(config: LlamaConfig, dtype: str, graph: str = "auto"
     """The target graph for ``config`` in ``dtype``: fused kernels (export/fused.py) or node
     by node, as :func:`~speculant_tools.export.fused.use_fused` decides for ``graph``."""
     return fused_target_graph if use_fused(config, dtype, graph) else target_graph
+
+
+def check_cache(cache: str) -> str:
+    if cache not in CACHES:
+        raise ExportError(f"cache must be one of {CACHES}", path="cache", value=cache,
+                          remedy="--cache appended (the default) or --cache static")
+    return cache
 
 
 def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> Path:
@@ -213,6 +241,7 @@ class PackageSettings:
     scale: float | None
     max_proposal_width: int | None
     rollback_positions: int
+    cache: str = "appended"  # the caches' form: appended | static
 
 
 def read_settings(package_root: str | Path) -> PackageSettings:
@@ -238,7 +267,7 @@ def read_settings(package_root: str | Path) -> PackageSettings:
             tokenizer=root / "tokenizer.json", eos_id=eos["id"] if eos else None,
             scale=chain["token_embedding"].get("scale") if chain else None,
             max_proposal_width=spec["max_proposal_width"] if spec else None,
-            rollback_positions=rollback)
+            rollback_positions=rollback, cache=cache_form(doc))
     except (KeyError, TypeError, StopIteration) as error:
         raise ExportError(f"not a package written by speculant_tools.export (no {error})",
                           file=str(path)) from None
@@ -291,24 +320,27 @@ def read_weights(package_root: str | Path) -> tuple[LlamaConfig, dict[str, np.nd
 
 
 def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16", *,
-            external_data: bool | None = None, graph: str = "auto") -> Path:
+            external_data: bool | None = None, graph: str = "auto",
+            cache: str | None = None) -> Path:
     """Rebuild a package written by this module in ``dtype`` (the chain's currency: table,
-    carry and fused port follow it). Scale, widths, EOS and tokenizer are kept."""
+    carry and fused port follow it) and ``cache`` form (None: the source's). Scale, widths,
+    EOS and tokenizer are kept."""
     dtype = check_dtype(dtype)
     source, out = Path(package_root), Path(out_root)
     if out.resolve() == source.resolve():
         raise ExportError("convert writes a new package; out_root is the package itself",
                           value=str(out))
     settings = read_settings(source)
+    cache = check_cache(settings.cache if cache is None else cache)
     config, target, drafter = read_weights(source)
     if drafter is None:
         return write_decoder_package(out, target, config, settings.tokenizer, dtype=dtype,
                                      eos_id=settings.eos_id,
                                      rollback_positions=settings.rollback_positions,
-                                     external_data=external_data, graph=graph)
+                                     external_data=external_data, graph=graph, cache=cache)
     return write_pair_package(out, target, config, drafter, settings.tokenizer, dtype=dtype,
                               scale=settings.scale,
                               max_proposal_width=settings.max_proposal_width or 8,
                               eos_id=settings.eos_id,
                               rollback_positions=settings.rollback_positions,
-                              external_data=external_data, graph=graph)
+                              external_data=external_data, graph=graph, cache=cache)

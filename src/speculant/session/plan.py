@@ -1,0 +1,160 @@
+"""A pass plan: one component at one fixed set of shapes, its IO binding prepared once.
+
+`ComponentSession.invoke` binds every input and output afresh on each call, checks the
+contracts and adopts the outputs. A `PassPlan` does that work once, when it is made, for one
+block width (one set of input shapes); a pass then writes only the few values that change
+(token ids, positions, lengths) into the plan's own buffers and runs:
+
+    plan = PassPlan.prepare(session, inputs)       # inputs: port -> Value, the first pass's
+    plan.inputs["input_ids"]                       # the owned buffer bound to that port
+    plan.write("input_ids", np.array([[7, 8, 9]]))  # same shape and dtype as the buffer
+    outputs = plan.run()                           # port -> Value: the plan's output buffers
+
+What making the plan does:
+
+1. runs the component once through ``session.invoke(inputs, outputs)`` (invocation-scope
+   contract checks of every input and output, ONNX Runtime allocating the outputs): the
+   outputs' shapes, so every later run is known to satisfy the contracts;
+2. allocates one owned buffer per input (on the component's execution device; a copy of the
+   given value) and per output (on the session's output residency), through the seam;
+3. binds them all into one IO binding kept for the plan's life (device buffers by pointer,
+   host buffers as the numpy arrays ONNX Runtime reads in place at each run).
+
+``shared={"present.0.key": "past_key_values.0.key", ...}`` binds an output into the buffer
+of an input of the same shape and dtype instead of a buffer of its own: a static cache whose
+pass writes its block in place (ONNX Runtime's GroupQueryAttention with past and present
+sharing one buffer, an indexed scatter). Only for graphs written for it: ONNX Runtime does
+not check that a kernel tolerates the alias.
+
+A run then is ORT's ``run_with_iobinding`` on that binding: no binding, no contract check, no
+output adoption. :meth:`PassPlan.write` checks only that the new value has the buffer's shape
+and dtype (which is what keeps the plan-time check valid) and copies it in through the seam
+(on a device: a host value is adopted first, an upload). Outputs are the plan's buffers:
+each run overwrites them, so a caller keeps what it needs before the next run. A pass of
+another width needs a plan of its own (a dict of plans by width). With appended caches the
+past's extent grows every pass, so a plan pays off where shapes repeat: fixed-capacity
+caches, or a component whose inputs are fixed per width. The observers of the session are
+told of each run, as of an invocation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from speculant.errors import ContractError
+from speculant.session.binding import bind_input, bind_output, run_bound
+from speculant.session.session import ComponentSession, Invocation
+from speculant.tensors import NUMPY_DTYPES, Value
+
+
+class PassPlan:
+    """One component's pass at fixed shapes: owned buffers bound once (see the module)."""
+
+    def __init__(self, session: ComponentSession, inputs: dict[str, Value],
+                 outputs: dict[str, Value]) -> None:
+        """Bind ``inputs`` and ``outputs`` (owned buffers, fixed from now on) into one IO
+        binding. Use :meth:`prepare`, which makes the buffers and checks the contracts."""
+        self.session = session
+        self.inputs = inputs  # port -> owned buffer, bound for the plan's life
+        self.outputs = outputs  # port -> owned buffer, rewritten by every run
+        seam = session.seam
+        self.binding = session.session.io_binding()
+        for port, buffer in inputs.items():
+            bind_input(self.binding, port, buffer, seam.backend(buffer.residency))
+        for port, buffer in outputs.items():
+            bind_output(self.binding, port, buffer.residency, buffer,
+                        seam.backend(buffer.residency))
+        self.num_runs = 0
+
+    @classmethod
+    def prepare(cls, session: ComponentSession, inputs: Mapping[str, Value],
+                outputs: Sequence[str] | None = None, *,
+                shared: Mapping[str, str] | None = None) -> PassPlan:
+        """The plan of ``session`` for the shapes of ``inputs`` (port -> Value, whose contents
+        become the buffers' first contents); ``outputs``: the ports to produce (default: all
+        the component declares); ``shared``: output port -> the input port whose buffer it is
+        written into. Contract violations raise here, as ``invoke`` raises them."""
+        produced = session.invoke(inputs, outputs)  # checks every input and output contract
+        shared = dict(shared or {})
+        for output, source in shared.items():
+            cls._check_shared(session, output, source, produced, inputs)
+        seam = session.seam
+        buffers = {}
+        with seam.write_batch():
+            for port, value in inputs.items():
+                buffer = seam.zeros(value.shape, value.dtype, session.device)
+                buffers[port] = cls._fill(session, port, buffer, value)
+            targets = {port: buffers[shared[port]] if port in shared else
+                       seam.zeros(value.shape, value.dtype, session.output_residency)
+                       for port, value in produced.items()}
+        return cls(session, buffers, targets)
+
+    @staticmethod
+    def _check_shared(session: ComponentSession, output: str, source: str,
+                      produced: Mapping[str, Value], inputs: Mapping[str, Value]) -> None:
+        where = f"pass plan of component '{session.name}'"
+        if output not in produced or source not in inputs:
+            raise ContractError(
+                f"{where}: cannot write output '{output}' into input '{source}': the plan "
+                f"produces {sorted(produced)} from {sorted(inputs)}", path=output,
+                expected="an output port of the plan and an input port of it")
+        got, into = produced[output], inputs[source]
+        if got.shape != into.shape or got.dtype != into.dtype:
+            raise ContractError(
+                f"{where}: output '{output}' is {got.describe()}, input '{source}' is "
+                f"{into.describe()}: they cannot share one buffer", path=output,
+                value=got.shape, expected=f"{list(into.shape)} {into.dtype} (a "
+                "fixed-capacity cache whose present has its past's shape)")
+
+    def write(self, port: str, source: Value | np.ndarray) -> None:
+        """Copy ``source`` (a Value, or a host array of the buffer's numpy dtype) into the
+        buffer of input ``port``; its shape and dtype must be the buffer's."""
+        buffer = self.inputs.get(port)
+        if buffer is None:
+            raise ContractError(f"pass plan of component '{self.session.name}' has no input "
+                                f"'{port}' (it binds {sorted(self.inputs)})", path=port)
+        if isinstance(source, Value):
+            value, got = source, source.describe()
+        else:
+            value, got = None, f"a host array {list(source.shape)} {source.dtype}"
+            if source.dtype == NUMPY_DTYPES[buffer.dtype]:
+                value = Value.host(source, buffer.dtype)
+        if value is None or value.shape != buffer.shape or value.dtype != buffer.dtype:
+            raise ContractError(
+                f"pass plan of component '{self.session.name}': '{port}' was planned as "
+                f"{list(buffer.shape)} {buffer.dtype}, got {got}", path=port,
+                value=source.shape, expected=f"{list(buffer.shape)} {buffer.dtype} (a plan "
+                "of this width; another width needs its own plan)")
+        self._fill(self.session, port, buffer, value)
+
+    def run(self) -> dict[str, Value]:
+        """Run the component on the buffers as they are now; the output buffers, rewritten."""
+        session = self.session
+        started = time.perf_counter() if session.observers else 0.0
+        run_bound(session.session, self.binding)
+        self.num_runs += 1
+        session.num_invocations += 1
+        if session.observers:
+            call = Invocation(session.name, self.inputs, tuple(self.outputs),
+                              time.perf_counter() - started)
+            for observer in session.observers:
+                observer(call)
+        return dict(self.outputs)
+
+    @staticmethod
+    def _fill(session: ComponentSession, port: str, buffer: Value, value: Value) -> Value:
+        """Copy ``value`` into ``buffer`` (same shape and dtype) where the buffer lives."""
+        if buffer.size == 0:
+            return buffer
+        seam = session.seam
+        if value.residency != buffer.residency:  # a host value into a device buffer: upload
+            value = seam.adopt(value, buffer.residency)
+        whole = value if value.rank else Value(value.data.reshape(1), value.residency,
+                                               value.dtype)
+        target = buffer if buffer.rank else Value(buffer.data.reshape(1), buffer.residency,
+                                                  buffer.dtype, owned=True)
+        seam.scatter_into_last_axis(target, whole, 0)
+        return buffer

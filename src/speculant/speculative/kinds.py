@@ -1,0 +1,181 @@
+"""Proposer kinds: the one registry that maps a name to its proposer, its bound on k, its
+default k, its request check and its builder (STYLE habit 5).
+
+| name | proposer | declared by | bound on k |
+|---|---|---|---|
+| ``chained`` | ChainedProposer (per engine) | the ``speculative`` section | max_proposal_width |
+| ``draft`` | DraftModelProposer (per request) | ``load(..., draft=PATH)`` | rollback_positions |
+| ``prompt_lookup`` | PromptLookupProposer | nothing (no model) | rollback_positions |
+
+(``rollback_positions``: the smallest of the target's state groups.)
+
+``auto`` is not a kind: it resolves to ``chained`` where the package's auto-enable rule holds
+(runtime.md §2.4), and to plain decoding otherwise. Admission (:func:`admit_proposer`), the
+CLI's choices and help, and the bench's default list all read :data:`KINDS`; nothing else
+switches on a kind's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from speculant.errors import RequestError, UnsupportedError
+from speculant.package.plan import LoadPlan
+from speculant.speculative.chained import ChainedProposer
+from speculant.speculative.draft_model import DraftModel
+from speculant.speculative.prompt_lookup import PromptLookupProposer
+from speculant.speculative.proposal import Proposer
+from speculant.workflow.request import Request
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class ProposerSources:
+    """What an engine has loaded that proposers are built from."""
+
+    plan: LoadPlan
+    chained: ChainedProposer | None  # the declared chained proposer, if any
+    draft: DraftModel | None  # the draft model loaded beside the target, if any
+    logits_width: int | None  # the target's, to check a draft's vocabulary against
+    tokenizer_vocab: int | None
+    can_auto_enable: bool  # the package's auto-enable rule holds (runtime.md §2.4)
+
+
+@dataclass(frozen=True)
+class Bound:
+    max_k: int
+    path: str  # the field the bound comes from, for messages
+
+
+class ProposerKind(Protocol):
+    """One proposer kind. ``bound`` raises :class:`RequestError` where the engine cannot run
+    the kind at all; ``check`` refuses request settings the kind cannot serve."""
+
+    name: str
+    help: str
+
+    def bound(self, sources: ProposerSources) -> Bound: ...
+    def default_k(self, sources: ProposerSources) -> int: ...
+    def check(self, sources: ProposerSources, request: Request) -> None: ...
+    def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer: ...
+
+
+def _rollback_bound(sources: ProposerSources, name: str) -> Bound:
+    bound = sources.plan.undeclared_rollback_bound
+    if bound is None:
+        raise RequestError(
+            f"proposer '{name}' needs every state group of the target to declare "
+            "capabilities.rollback_positions (the rollback bound), and this package does not",
+            path="rollback_positions", value=name,
+            remedy="declare rollback_positions on the target's state groups")
+    return Bound(bound, "rollback_positions")
+
+
+class Chained:
+    name = "chained"
+    help = "the chained drafter the package declares"
+
+    def bound(self, sources: ProposerSources) -> Bound:
+        if sources.chained is None or sources.plan.rollback_bound is None:
+            raise RequestError("this package declares no chained speculative contract "
+                               "(no 'speculative' section with proposal_execution.kind: "
+                               "chained)", path="speculative", value=self.name,
+                               remedy="decode without a proposer, or use "
+                                      "proposer='prompt_lookup'")
+        return Bound(sources.plan.rollback_bound, "speculative.max_proposal_width")
+
+    def default_k(self, sources: ProposerSources) -> int:
+        return self.bound(sources).max_k
+
+    def check(self, sources: ProposerSources, request: Request) -> None:
+        assert sources.chained is not None
+        if request.options.temperature > 0 and sources.chained.is_subset_vocabulary:
+            raise UnsupportedError(
+                "sampling with a proposer whose vocabulary is a subset of the target's "
+                "(speculative.vocabulary: subset) is not supported: rejection sampling needs "
+                "q over the target's vocabulary", path="speculative.vocabulary", value="subset",
+                remedy="decode greedily (temperature 0), or without the proposer")
+
+    def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
+        assert sources.chained is not None
+        return sources.chained
+
+
+class Draft:
+    name = "draft"
+    help = "a draft model (load(..., draft=PATH); CLI --draft)"
+
+    def bound(self, sources: ProposerSources) -> Bound:
+        if sources.draft is None:
+            raise RequestError("proposer 'draft' needs a draft model, and none is loaded",
+                               path="draft", value=self.name,
+                               remedy="load the target with speculant.load(PATH, "
+                                      "draft=DRAFT_PATH) (CLI: --draft DRAFT_PATH)")
+        return _rollback_bound(sources, self.name)
+
+    def default_k(self, sources: ProposerSources) -> int:
+        assert sources.draft is not None
+        bound = self.bound(sources).max_k
+        own = sources.draft.rollback_bound
+        return bound if own is None else max(1, min(bound, own + 1))
+
+    def check(self, sources: ProposerSources, request: Request) -> None:
+        pass  # the draft side admits the request itself, in build
+
+    def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
+        assert sources.draft is not None
+        return sources.draft.start(request, k, target_logits_width=sources.logits_width,
+                                   target_tokenizer_vocab=sources.tokenizer_vocab)
+
+
+class PromptLookup:
+    name = "prompt_lookup"
+    help = "n-grams of the prompt and the output (no model)"
+
+    def bound(self, sources: ProposerSources) -> Bound:
+        return _rollback_bound(sources, self.name)
+
+    def default_k(self, sources: ProposerSources) -> int:
+        return self.bound(sources).max_k
+
+    def check(self, sources: ProposerSources, request: Request) -> None:
+        pass  # ngram_range is checked with the options
+
+    def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
+        return PromptLookupProposer(*request.options.ngram_range)
+
+
+KINDS: dict[str, ProposerKind] = {kind.name: kind for kind in (Chained(), Draft(),
+                                                               PromptLookup())}
+NAMES = tuple(KINDS)  # every name a request, the CLI and the bench may use
+
+
+def resolve(name: str | None, sources: ProposerSources) -> ProposerKind | None:
+    """The kind ``name`` asks for (None: plain decoding; ``auto``: chained or none)."""
+    if name is None:
+        return None
+    if name == AUTO:
+        return KINDS["chained"] if sources.can_auto_enable and sources.chained else None
+    kind = KINDS.get(name)
+    if kind is None:
+        raise RequestError(f"unknown proposer '{name}'", path="proposer", value=name,
+                           expected=f"one of {', '.join(map(repr, NAMES))} or '{AUTO}'")
+    return kind
+
+
+def admit_proposer(sources: ProposerSources, request: Request) -> tuple[ProposerKind | None,
+                                                                          int]:
+    """The request's kind and k (runtime.md §2.4, §18): k defaults to the kind's default and
+    must lie within its bound; the kind's own check runs last."""
+    kind = resolve(request.options.proposer, sources)
+    if kind is None:
+        return None, 0
+    bound = kind.bound(sources)
+    k = request.options.k if request.options.k is not None else kind.default_k(sources)
+    if k > bound.max_k:
+        raise RequestError(f"k = {k} exceeds {bound.path} = {bound.max_k}", path=bound.path,
+                           value=k, expected=f"1 <= k <= {bound.max_k}")
+    kind.check(sources, request)
+    return kind, k

@@ -1,0 +1,164 @@
+"""The shape of `src/`: its import graph has no cycle, and the runtime imports no tool.
+
+The graph is read with `ast` from the source (nothing is imported): an edge A -> B for every
+``import B`` and ``from B import name`` anywhere in module A, at top level or inside a function
+(a lazy import still ties the two modules together); ``from B import name`` where ``B.name`` is
+a module is an edge to ``B.name``. Only modules under `src/` are nodes; an import of a package
+is an edge to its ``__init__``. The implicit import of a parent package (importing ``a.b.c``
+runs ``a/__init__.py``) is not an edge, as in the usual cycle checkers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+RUNTIME = "speculant"
+TOOLS = ("speculant_tools", "speculant_bench")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(path: Path, module: str, modules: frozenset[str] = frozenset()
+                   ) -> set[str]:
+    """Every module name ``path`` imports (absolute, resolved for relative imports);
+    ``from B import name`` names ``B.name`` alone when that is one of ``modules``."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_package = path.name == "__init__.py"
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                names.add(submodule if submodule in modules else source)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of `src/` it imports."""
+    paths = {module_name(p): p for p in SRC.rglob("*.py")}
+    modules = frozenset(paths)
+    graph = {}
+    for module, path in paths.items():
+        graph[module] = {name for name in imported_names(path, module, modules)
+                         if name in modules and name != module}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for successor in sorted(graph[node]):
+            if state.get(successor) == 1:
+                return stack[stack.index(successor):] + [successor]
+            if successor not in state:
+                found = visit(successor)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_find_cycle_sees_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_imported_names_sees_lazy_and_relative_imports(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .a import thing\n")
+    (package / "a.py").write_text("def f():\n    from pkg import b\n    import pkg.c\n")
+    modules = frozenset({"pkg", "pkg.a", "pkg.b", "pkg.c"})
+    assert imported_names(package / "__init__.py", "pkg", modules) == {"pkg.a"}
+    assert imported_names(package / "a.py", "pkg.a", modules) == {"pkg.b", "pkg.c"}
+
+
+def test_src_has_no_import_cycle():
+    graph = import_graph()
+    assert len(graph) > 50, "the graph should cover every module of src/"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_runtime_imports_no_tool_and_no_bench():
+    wrong = {module: sorted(name for name in imports if name.startswith(TOOLS))
+             for module, imports in import_graph().items()
+             if module.split(".")[0] == RUNTIME}
+    wrong = {module: names for module, names in wrong.items() if names}
+    assert not wrong, f"runtime modules import tools or the bench: {wrong}"
+
+
+def test_the_runtime_check_sees_a_planted_tool_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from speculant_bench.timing import InvokeClock\n")
+    assert "speculant_bench.timing" in imported_names(planted, "speculant.planted")
+
+
+# The runtime's layers in data-flow order: a module imports only its own layer or lower ones.
+LAYERS = {
+    "errors": 0, "dtypes": 0,
+    "package": 1, "tensors": 1, "text": 1,
+    "session": 2,
+    "workflow": 3,
+    "speculative": 4,
+    "engine": 5, "generation": 5,
+    "": 6, "cli": 6, "__main__": 7, "serve": 7,
+}
+# The line budget of the runtime (src/speculant, the served API included): a ceiling, written
+# down so growth is a decision. Tools and bench have their own homes and no budget here.
+RUNTIME_LINE_BUDGET = 10_000
+MODULE_LINE_LIMIT = 500
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1] if len(parts) > 1 else ""]
+
+
+def test_runtime_layers_import_only_downwards():
+    upward = sorted(f"{module} -> {name}" for module, imports in import_graph().items()
+                    if module.split(".")[0] == RUNTIME
+                    for name in imports if name.split(".")[0] == RUNTIME
+                    and layer_of(name) > layer_of(module))
+    assert not upward, "runtime imports against the data flow: " + "; ".join(upward)
+
+
+def test_the_runtime_stays_inside_its_line_budget():
+    sizes = {p: len(p.read_text().splitlines()) for p in (SRC / RUNTIME).rglob("*.py")}
+    total = sum(sizes.values())
+    assert total <= RUNTIME_LINE_BUDGET, f"src/speculant has {total} lines (budget " \
+                                         f"{RUNTIME_LINE_BUDGET})"
+    for root in (SRC / RUNTIME, SRC / "speculant_tools", SRC / "speculant_bench"):
+        large = {str(p.relative_to(SRC)): n for p, n in sizes.items() if n > MODULE_LINE_LIMIT}
+        large.update({str(p.relative_to(SRC)): len(p.read_text().splitlines())
+                      for p in root.rglob("*.py")
+                      if len(p.read_text().splitlines()) > MODULE_LINE_LIMIT})
+        assert not large, f"modules over {MODULE_LINE_LIMIT} lines: {large}"
