@@ -18,8 +18,6 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from speculant_tools.importers.checkpoint import ImporterError
-
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 1  # float32 compute: a k-token pass equals k one-token passes
 
@@ -54,14 +52,11 @@ def _pretranspose(model: onnx.ModelProto) -> None:
 
 
 def quantize_int4(path: Path) -> int:
-    """Rewrite the float32 graph at ``path`` with int4 MatMulNBits; returns their count."""
+    """Rewrite the float32 graph at ``path`` with int4 MatMulNBits; returns their count
+    (the caller checked the dtype: ``checkpoint.check_quantize``)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = onnx.load(str(path))
-    logits = next(v for v in model.graph.output if v.name == "logits")
-    if logits.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
-        raise ImporterError("int4 is written for float32 graphs", file=str(path),
-                            path="dtype", remedy="import with --dtype float32 --quantize int4")
     _pretranspose(model)
     quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=BLOCK_SIZE, is_symmetric=True,
                                      accuracy_level=ACCURACY_LEVEL)
