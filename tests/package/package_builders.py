@@ -18,7 +18,7 @@ from google.protobuf import text_format
 from onnx import helper, numpy_helper
 
 from speculant.dtypes import DTYPES
-from speculant.package.model import DTYPE_ALIASES
+from speculant.package.contract import DTYPE_ALIASES
 
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -120,6 +120,11 @@ def rename_symbol(doc: dict[str, Any], old: str, new: str) -> dict[str, Any]:
 
 
 # -- graphs -------------------------------------------------------------------------------
+def rank_of(contract: dict[str, Any]) -> int:
+    """A contract's rank; a later revision of the standard leaves it to the shape's length."""
+    return contract["rank"] if "rank" in contract else len(contract["shape"])
+
+
 def _value_info(name: str, contract: dict[str, Any]) -> onnx.ValueInfoProto:
     shape = contract.get("shape")
     return helper.make_tensor_value_info(name, ELEMENT_TYPES[contract["dtype"]], shape)
@@ -144,7 +149,7 @@ def build_graph(doc: dict[str, Any], component: str, *,
         contract = retype.get(port, contract)
         outputs.append(_value_info(port, contract))
         value = helper.make_tensor(f"{port}_value", ELEMENT_TYPES[contract["dtype"]],
-                                   [1] * contract["rank"], [0] * 1)
+                                   [1] * rank_of(contract), [0] * 1)
         nodes.append(helper.make_node("Constant", [], [port], value=value))
     tables = [numpy_helper.from_array(array, name)
               for name, array in (initializers or {}).items()]

@@ -322,11 +322,6 @@ CASES = [
      [("set", "speculative.shared_state.0", "global")],
      "speculative.shared_state.0", "unknown group 'global'"),
     # rule 35
-    ("used capability not listed", "35", "greedy",
-     [("set", f"{WF}.manifest.capabilities",
-       ["workflow_ssa", "typed_emit", "serving_service_contract"])],
-     f"{WF}.manifest.capabilities",
-     "capability 'bounded_state_recurrence' is used but not listed in manifest.capabilities"),
     ("capability listed twice", "35", "greedy",
      [("set", f"{WF}.manifest.capabilities",
        ["workflow_ssa", "typed_emit", "serving_service_contract", "bounded_state_recurrence",

@@ -31,6 +31,7 @@ from speculant.package.graphs import graph_ports, onnx_dtype_name, static_last
 from speculant.package.model import Document, TensorContract
 from speculant.package.plan import ChainPlan
 
+SPECULATIVE_IDENTITY = "onnx-genai.speculative"  # the speculative contract speculant implements
 MAX_LISTED_INITIALIZERS = 8
 NAME_AXES_REMEDY = "give each sequence-like extent its own symbol: run `speculant metadata " \
                    "name-axes PACKAGE`, which republishes the document with distinct symbols"
@@ -111,9 +112,17 @@ def _check_forms(doc: Document, out: ProblemCollector) -> None:
     spec = doc.speculative
     assert spec is not None
     pe = spec.proposal_execution
-    if pe.kind == "block":
-        unsupported(out, "27", "block proposal execution", f"{PE}.kind", pe.kind,
+    if pe.kind != "chained":
+        unsupported(out, "27", f"{pe.kind} proposal execution", f"{PE}.kind", pe.kind,
                     "chained (speculant runs chained proposers)")
+    for key, implemented in (("identity", SPECULATIVE_IDENTITY), ("version", "1")):
+        value = getattr(spec, key)
+        if value not in (None, implemented):
+            unsupported(out, "27", f"speculative contract {key} '{value}'",
+                        f"speculative.{key}", value, f"{implemented} or absent")
+    if not is_empty(spec.verification):
+        unsupported(out, "27", "a declared verification contract", "speculative.verification",
+                    None, "absent (speculant verifies against the target's logits role)")
     if spec.vocabulary.kind == "mapped":
         unsupported(out, "27", "a mapped vocabulary", "speculative.vocabulary.kind", "mapped",
                     "identical or subset")

@@ -120,6 +120,13 @@ def _check_outputs(wf: Workflow, out: ProblemCollector) -> None:
         for key in ("value_range", "media"):
             if getattr(output, key) is not None:
                 unsupported(out, "2", f"output {key}", f"{path}.{key}", None, "absent")
+        if output.family is not None and output.family.kind != "materialized":
+            unsupported(out, "2", f"output family '{output.family.kind}'",
+                        f"{path}.family.kind", output.family.kind, "materialized or absent")
+        elif output.family is not None and output.family.model_extra:
+            unsupported(out, "2", "keys of a materialized output family",
+                        f"{path}.family.{sorted(output.family.model_extra)[0]}", None,
+                        "only 'kind'")
 
 
 # -- components (rules 4, 9, 10, 11) --------------------------------------------------------
@@ -228,6 +235,9 @@ def _check_contracts(doc: Document, out: ProblemCollector) -> None:
             unsupported(out, "2", f"batch_layout '{contract.batch_layout.kind}'",
                         f"{path}.batch_layout.kind", contract.batch_layout.kind,
                         "shared or request_aligned")
+        if contract.padding:  # valid lengths speculant would not honour
+            unsupported(out, "2", f"a padded axis '{contract.padding[0].dimension}'",
+                        f"{path}.padding", None, "no padding")
     for path, contract in _bound_contracts(doc):
         if contract.dtype in FLOAT8_DTYPES:
             unsupported(out, "2", f"a {contract.dtype} value that speculant binds or reads",

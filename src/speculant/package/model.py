@@ -12,78 +12,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from speculant.dtypes import DTYPE_NAMES
-
-DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16",
-                 "fp8_e4m3fn": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3",
-                 "fp8_e5m2": "float8_e5m2"}
-
-
-def normalize_dtype(name: str) -> str:
-    name = DTYPE_ALIASES.get(name, name)
-    if name not in DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {', '.join(DTYPE_NAMES)} "
-                         "(or the aliases fp32, fp16, bf16)")
-    return name
-
-
-def field_error(field: str, message: str) -> PydanticCustomError:
-    """A validation error about one key of the object being validated: ``package.document``
-    appends ``field`` to the error location so the reported path names the key itself."""
-    return PydanticCustomError("field_error", "{message}", {"field": field, "message": message})
-
-
-Dtype = Annotated[str, AfterValidator(normalize_dtype)]
-NonEmpty = Annotated[str, Field(min_length=1)]
-UInt = Annotated[int, Field(ge=0)]
-Dim = int | str | None  # fixed extent, shape symbol, or unknown
-
-
-class Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-# -- contracts ---------------------------------------------------------------------------
-class BatchLayout(Closed):
-    kind: Literal["shared", "request_aligned", "request_expanded", "token_packed",
-                  "runtime_sequence_state"] = "shared"
-    axis: UInt | None = None
-    factor: UInt | None = None  # request_expanded
-    offsets: str | None = None  # token_packed
-    owner: str | None = None  # token_packed
-
-    @model_validator(mode="after")
-    def _axis_for_aligned(self) -> BatchLayout:
-        if self.kind == "request_aligned" and self.axis is None:
-            raise field_error("axis", "request_aligned batch_layout needs 'axis'")
-        if self.kind == "request_expanded" and self.factor == 0:
-            raise field_error("factor", "request_expanded batch_layout with factor 0")
-        return self
-
-
-class TensorContract(Closed):
-    dtype: Dtype
-    rank: UInt
-    shape: list[Annotated[int, Field(ge=0)] | NonEmpty | None] | None = None
-    optional: bool = False
-    batch_layout: BatchLayout = BatchLayout()
-
-    @model_validator(mode="after")
-    def _rank_matches_shape(self) -> TensorContract:
-        if self.shape is not None and len(self.shape) != self.rank:
-            raise field_error("rank", f"rank {self.rank} != len(shape) {len(self.shape)} for "
-                              f"shape {self.shape}")
-        if self.batch_layout.axis is not None and self.batch_layout.axis >= self.rank:
-            raise field_error("batch_layout.axis",
-                              f"batch_layout.axis {self.batch_layout.axis} >= rank {self.rank}")
-        return self
-
-    @property
-    def dims(self) -> list[Dim]:
-        return list(self.shape) if self.shape is not None else [None] * self.rank
+from speculant.package.contract import (
+    Closed,
+    NonEmpty,
+    TensorContract,
+    UInt,
+    field_error,
+)
 
 
 # -- workflow inputs and outputs -----------------------------------------------------------
@@ -117,12 +55,21 @@ class WorkflowInput(Closed):
     externally_suppliable: bool | None = None
 
 
+class OutputFamily(Closed):
+    """How an output is delivered (later revision); ``materialized`` (one value per
+    invocation) is what an output without ``family`` means."""
+
+    kind: NonEmpty
+    model_config = ConfigDict(extra="allow", frozen=True)  # other kinds' keys: unsupported
+
+
 class WorkflowOutput(Closed):
     contract: TensorContract
     role: Literal["tensor", "tokens", "text", "image", "audio", "event", "video"]
     stage: Literal["pre_adapter", "post_adapter"]
     value_range: Any = None
     media: Any = None
+    family: OutputFamily | None = None
 
 
 # -- components -------------------------------------------------------------------------
@@ -329,8 +276,14 @@ class Step(Closed):
 
 
 class Manifest(Closed):
+    """``ir_version`` (the workflow IR's version) and ``onnx_opsets`` (domain -> opset the
+    components use) are informational: ONNX Runtime checks each graph's own opset imports
+    when it creates the session."""
+
     capabilities: list[str] = []
     adapter_abis: Any = None
+    ir_version: str | None = None
+    onnx_opsets: dict[str, Annotated[int, Field(ge=1)]] = {}
 
 
 class Workflow(Closed):
@@ -427,7 +380,11 @@ class TokenEmbedding(Closed):
 
 
 class ProposalExecution(Closed):
-    kind: Literal["block", "chained"] = "block"
+    """``block`` or ``chained``, closed; another kind (later revision: ``candidate_tree``)
+    keeps its keys, and ``chain`` reports it unsupported."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    kind: NonEmpty = "block"
     token_embedding_input: str | None = None
     logits_output: str | None = None
     folded_carry_output: str | None = None
@@ -435,8 +392,19 @@ class ProposalExecution(Closed):
     token_embedding: TokenEmbedding | None = None
     recurrent: list[Any] = []
 
+    @model_validator(mode="after")
+    def _closed_for_known_kinds(self) -> ProposalExecution:
+        if self.kind in ("block", "chained") and self.model_extra:
+            raise PydanticCustomError(
+                "unknown_keys", "unknown key(s) {keys} for a {kind} proposal execution",
+                {"keys": sorted(self.model_extra), "kind": self.kind})
+        return self
+
 
 class Speculative(Closed):
+    """``identity``/``version`` (later revision) name the speculative contract a document is
+    written against; speculant implements ``onnx-genai.speculative`` version 1."""
+
     proposer: NonEmpty
     target: NonEmpty
     vocabulary: Vocabulary
@@ -447,6 +415,9 @@ class Speculative(Closed):
     shared_weights: Any = None
     distribution_preserving: bool = False
     rollback_state: list[str] = []
+    identity: NonEmpty | None = None
+    version: NonEmpty | None = None
+    verification: Any = None
 
 
 class Document(Closed):

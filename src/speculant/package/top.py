@@ -4,6 +4,12 @@
 
 ``model.sharding`` declares which distributed layouts are legal, not one that must be used:
 it is informational, and a single-device load ignores it.
+
+``manifest.capabilities`` lists what a reader must understand beyond what the document itself
+shows (the published schema defaults it to ``[]``, and the catalogue's documents 02, 10, 13
+list nothing while using steps, emits and serving). A feature the document uses is declared by
+its use, so rule 35 refuses only a capability listed twice; rule 36 still lists every named
+capability outside speculant's set as unsupported.
 """
 
 from __future__ import annotations
@@ -92,17 +98,6 @@ def canonical_tokenizer(artifacts: list[TokenizerArtifact]) -> int | None:
     return 0 if len(artifacts) == 1 else None
 
 
-def used_capabilities(wf: Workflow) -> list[str]:
-    used = ["workflow_ssa"]
-    if wf.serving is not None:
-        used.append("serving_service_contract")
-    if any(step.kind == "emit" for step in wf.steps):
-        used.append("typed_emit")
-    if any(cell.recurrence.kind == "bounded" for cell in wf.state.values()):
-        used.append("bounded_state_recurrence")
-    return used
-
-
 def _check_manifest(wf: Workflow, out: ProblemCollector) -> None:
     listed = wf.manifest.capabilities
     path = f"{WF}.manifest.capabilities"
@@ -110,11 +105,6 @@ def _check_manifest(wf: Workflow, out: ProblemCollector) -> None:
     if duplicates:
         out.add(MetadataError, f"manifest.capabilities lists {duplicates} more than once",
                 path=path, value=listed, expected="unique capability names", rule="35")
-    for capability in used_capabilities(wf):
-        if capability not in listed:
-            out.add(MetadataError, f"capability '{capability}' is used but not listed in "
-                    "manifest.capabilities", path=path, value=listed,
-                    expected=f"a list including '{capability}'", rule="35")
     for index, capability in enumerate(listed):
         if capability not in SUPPORTED_CAPABILITIES:
             unsupported(out, "36", f"capability '{capability}'", f"{path}.{index}", capability,
