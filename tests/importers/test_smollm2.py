@@ -80,3 +80,20 @@ def test_int4_import_keeps_speculation_exact(tmp_path):
         greedy = engine.generate(prompt, 32, stop_on_eos=False).token_ids
         assert engine.generate(prompt, 32, stop_on_eos=False, proposer="prompt_lookup",
                                k=4).token_ids == greedy
+
+
+def test_the_cli_runs_smollm2_when_no_package_is_named(engine):
+    from typer.testing import CliRunner
+
+    from speculant.cli import full_app
+
+    result = CliRunner().invoke(full_app(), ["generate", "--chat", "--prompt",
+                                             "What is the capital of France?",
+                                             "--max-new-tokens", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    answer = json.loads(result.stdout)
+    expected = engine.chat([{"role": "user", "content": "What is the capital of France?"}],
+                           max_new_tokens=8)
+    assert answer["token_ids"] == expected.token_ids

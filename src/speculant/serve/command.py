@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from speculant.cli import DEFAULT_PACKAGE
 from speculant.errors import SpeculantError
 from speculant.serve import load_engine, require
 from speculant.serve.schemas import PROPOSERS
@@ -22,7 +23,8 @@ DEFAULTS = _defaults()
 
 
 def serve(
-    package: Annotated[str, typer.Argument(help="Package folder or built-in name.")] = "demo",
+    package: Annotated[str, typer.Argument(help="Package folder or built-in name.")] = \
+        DEFAULT_PACKAGE,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The fast path's GPU session (issue 12), one phase per device call, after the wheels are staged
+# (../shared/gpu/README.md: onnxruntime-gpu, onnxruntime-genai-cuda, onnx-ir, ruamel.yaml,
+# platformdirs, filelock, gguf into /tmp/site).
+#
+#   bash scripts/gpu_fastpath.sh tests "$OUT"   # CUDA tests + the static/graph demo run (~6 min);
+#                                               # starts building the realistic ~1B pair (setsid)
+#   bash scripts/gpu_fastpath.sh bench "$OUT"   # realistic ~1B float16 static pair, both anchors
+set -u
+phase=${1:?phase: tests or bench}
+out=${2:?OUT_DIR}
+mkdir -p "$out"
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
+py=python3
+prompts=docs/benchmarks/val8-prompts.json
+stage() { echo "== $1 ($(date +%T))"; }
+
+build() {  # the demo pair in float16 with static caches, its draft model, the realistic ~1B pair
+  $py -m speculant convert src/speculant/demo /tmp/d16s --dtype float16 --cache static &&
+  cp src/speculant/demo/val_prompts.json /tmp/d16s/ &&
+  $py -m speculant convert src/speculant/demo_draft /tmp/draft16s --dtype float16 --cache static &&
+  $py -m speculant scale-target /tmp/d16s /tmp/real1b --shape realistic-1b --check-tokens 0
+}
+
+case $phase in
+tests)
+  stage "build the static float16 demo pair and the realistic ~1B pair (setsid, lives on)"
+  setsid nohup bash -c "$(declare -f build); py=$py; build > /tmp/build.log 2>&1; echo exit \$? >> /tmp/build.log" \
+    > /dev/null 2>&1 < /dev/null &
+  stage "CUDA tests (JUnit) and the chained fixture runs"
+  timeout 330 $py scripts/cuda_evidence.py /tmp/evidence 2>&1 | tail -30
+  cp /tmp/evidence/cuda-residency.json "$out/" 2>/dev/null
+  stage "generate on CUDA: static float16 demo pair, chained k=auto, --stats"
+  for i in $(seq 60); do [ -d /tmp/draft16s ] && break; sleep 2; done
+  timeout 60 $py -m speculant generate /tmp/d16s --device cuda --prompt "def " \
+    --max-new-tokens 64 --speculative --stats > "$out/generate-cuda-stats.txt" 2>&1
+  cat "$out/generate-cuda-stats.txt" | tail -40
+  tail -3 /tmp/build.log
+  stage done
+  ;;
+bench)
+  for i in $(seq 150); do grep -q "^exit" /tmp/build.log 2>/dev/null && break; sleep 2; done
+  tail -3 /tmp/build.log
+  stage "bench: realistic ~1B float16 static pair on CUDA with both anchors"
+  timeout 540 $py -m speculant bench /tmp/real1b --device cuda --draft /tmp/draft16s \
+    --prompts $prompts --anchors hf,genai --anchor-dir /tmp/anchors --new-tokens 64 \
+    --warmup 1 --repeats 3 --k 2 --k 4 --out /tmp/b/cuda-real1b > /tmp/b.log 2>&1
+  tail -60 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b/ 2>/dev/null
+  tar -cf "$out/cuda-real1b.tar" -C /tmp/b cuda-real1b
+  stage done
+  ;;
+*) echo "unknown phase $phase"; exit 2 ;;
+esac
