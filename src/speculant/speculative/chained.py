@@ -138,12 +138,21 @@ class ChainedProposer:
         assert pass_result is not None
         consumed = pass_result.start + num_kept  # C'
         fixed: dict[str, Value] = {}
-        for port, value_name in self.package.plan.proposer_inputs.items():
+        plan = self.package.plan
+        length_port = plan.static.kv_length_ports.get(plan.proposer or "") \
+            if plan.static is not None else None
+        for port, value_name in plan.proposer_inputs.items():
             if port == self.chain.fused_port:
                 continue
             cell = self.chain.borrowed.get(port)
             if cell is not None:  # a borrowed cache: the owner's output, rolled back to C'
+                # (static caches: the target's buffer itself, no copy; C' is its length)
                 fixed[port] = self.seam.adopt(state.cells[cell], self.residency)
+                continue
+            if port == length_port:  # static caches: the drafter sees slots [0, C')
+                dtype = self.session.ports.inputs[port].dtype
+                fixed[port] = self.seam.adopt(Value.host(
+                    np.full((1,), consumed, NUMPY_DTYPES[dtype]), dtype), self.residency)
                 continue
             value = pass_result.values.get(value_name)
             if value is None:
