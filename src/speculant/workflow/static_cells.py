@@ -25,6 +25,7 @@ class StaticCells(dict[str, Value]):
         super().__init__(buffers)
         self.capacity = capacity
         self.plans: dict[int, PassPlan] = {}  # block width n -> the target's plan
+        self.proposer_plan: PassPlan | None = None  # the chained drafter's step, one width
 
 
 def request_capacity(plan: LoadPlan, num_prompt: int, max_new_tokens: int, k: int, *,
