@@ -128,6 +128,7 @@ def derive_plan(doc: Document, facts: chain.ChainFacts | None = None) -> LoadPla
     static_plan = static.plan(doc, target)
     if static_plan is not None:  # L, bound by the driver on every pass
         driver_bound[static_plan.lengths_input] = "cache_lengths"
+        driver_bound[static_plan.write_indices_input] = "cache_lengths"  # the block's slot
     undeclared_bound = state.group_rollback_bound(doc, cells)
     spec = doc.speculative
     facts = facts or chain.derive(doc)

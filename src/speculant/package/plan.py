@@ -53,6 +53,7 @@ class StaticPlan:
 
     lengths_cell: str  # the cell holding L (the group's logical_lengths)
     lengths_input: str  # its initializer: the workflow value the driver binds to L
+    write_indices_input: str  # the write-index cell's initializer (also L: one sequence)
     capacity_input: str  # update.capacity: the workflow input of the largest capacity
     capacity: int | None  # its literal default (None: no default)
     capacity_symbol: str  # the cells' symbol on the sequence axis

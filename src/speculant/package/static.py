@@ -47,10 +47,10 @@ def check(doc: Document, out: ProblemCollector) -> None:
     for name, group in groups_of(wf).items():
         fields = update_fields(group)
         path = f"{GROUPS}.{name}"
+        if group.update is None or group.update.kind != "indexed_scatter":
+            continue  # (logical_lengths elsewhere: unsupported, package/state.py)
         if group.logical_lengths is not None:
             _check_cell_name(wf, group.logical_lengths, f"{path}.logical_lengths", out)
-        if group.update is None or group.update.kind != "indexed_scatter":
-            continue
         for key in ("write_indices", "capacity"):
             if key not in fields:
                 out.add(MetadataError, f"an indexed_scatter update needs '{key}'",
@@ -138,6 +138,7 @@ def plan(doc: Document, target: str) -> StaticPlan | None:
         cell = next(wf.state[c] for c in group.ports[target])
         return StaticPlan(
             lengths_cell=lengths, lengths_input=wf.state[lengths].initializer,
+            write_indices_input=wf.state[fields["write_indices"]].initializer,
             capacity_input=capacity_input,
             capacity=int(default if not isinstance(default, list) else default[0])
             if default is not None else None,
