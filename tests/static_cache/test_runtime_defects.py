@@ -5,6 +5,8 @@ width (a typed ContractError, never a silent run)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import speculant
@@ -84,3 +86,29 @@ def test_a_plan_replayed_with_the_wrong_width_is_caught(engine):
     with pytest.raises(ContractError, match=r"'input_ids' was planned as \[1, 10\] int64"):
         list(decode)
     assert cells.plans[3].num_runs == runs
+
+
+@pytest.fixture(scope="module")
+def demo_static(tmp_path_factory):
+    """The bundled (trained) demo pair rebuilt with static caches, node by node float32."""
+    from speculant_tools.export import convert
+
+    demo = Path(speculant.__file__).parent / "demo"
+    return convert(demo, tmp_path_factory.mktemp("demo") / "static", "float32", cache="static")
+
+
+def test_the_wrong_layer_accepts_fewer_drafts_on_the_trained_pair(demo_static, monkeypatch):
+    """On the trained demo pair the drafter borrowing layer 0 instead of the last layer
+    keeps the target's tokens but accepts fewer drafts: a silent speed defect."""
+    engine = speculant.load(demo_static, threads=1)
+    prompt = engine.tokenizer.encode("def fibonacci(n):")
+    options = dict(max_new_tokens=40, stop_on_eos=False, proposer="chained", k=4)
+    greedy = engine.generate(prompt, max_new_tokens=40, stop_on_eos=False)
+    right = engine.generate(prompt, **options)
+    last = max(int(c.split(".")[1]) for c in engine.package.plan.cells)
+    assert engine.proposer.chain.borrowed["shared_kv.key"] == f"kv.{last}.key"
+    monkeypatch.setitem(engine.proposer.chain.borrowed, "shared_kv.key", "kv.0.key")
+    monkeypatch.setitem(engine.proposer.chain.borrowed, "shared_kv.value", "kv.0.value")
+    wrong = engine.generate(prompt, **options)
+    assert wrong.token_ids == right.token_ids == greedy.token_ids
+    assert wrong.stats.accepted_drafts < right.stats.accepted_drafts

@@ -103,7 +103,9 @@ class DraftModelProposer:
     def propose(self, state: DecodeState, k: int) -> Proposal:
         """Up to ``k`` drafts, one draft-model pass each (capped by its own context)."""
         seam, runner = state.seam, self.model.runner
-        self._roll_back(state, min(len(self.tokens), state.consumed))  # D' = C + min(a, k_r)
+        # D' = C + min(a, k_r); the bytes it moves count in the decode's rollback_bytes_moved
+        state.stats.rollback_bytes_moved += self._roll_back(min(len(self.tokens),
+                                                                state.consumed)) or 0
         cap = self.admitted.context_cap
         if cap is not None:  # its caches may reach extent cap - 1, as the target's do
             k = min(k, cap - 1 - state.consumed)
@@ -125,11 +127,12 @@ class DraftModelProposer:
         return Proposal(drafts, probs if state.sampler is not None else None,
                         num_invocations=len(drafts), num_scored_rows=len(drafts))
 
-    def _roll_back(self, state: DecodeState, length: int) -> None:
-        """Keep the first ``length`` consumed positions (the draft's own rollback; the bytes
-        it moves count in the decode's ``rollback_bytes_moved``)."""
+    def _roll_back(self, length: int) -> int:
+        """Keep the first ``length`` consumed positions (the draft's own rollback); returns
+        the bytes it moved."""
         if length < len(self.tokens):
             self.cells, moved = roll_back(self.model.seam, self.model.package.plan, self.cells,
                                           length)  # static caches: D = length, no byte moves
-            state.stats.rollback_bytes_moved += moved
             del self.tokens[length:]
+            return moved
+        return 0
