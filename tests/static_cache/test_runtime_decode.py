@@ -67,11 +67,20 @@ def test_rollback_moves_bytes_only_in_the_appended_form(pairs, draft_packages):
     assert draft.stats.rollback_bytes_moved > 0 and static_draft.stats.rollback_bytes_moved == 0
 
 
+@pytest.mark.parametrize("proposer", [None, "chained", "draft", "prompt_lookup"])
 @pytest.mark.parametrize("form", ["scatter-float32", "gqa-float32"])
-def test_sampling_on_static_caches_equals_the_appended_form(pairs, form):
-    options = dict(proposer="chained", k=4, temperature=0.9, seed=11)
-    static = generate(pairs[form, "static"], **options)
-    assert static.token_ids == generate(pairs[form, "appended"], **options).token_ids
+def test_sampling_on_static_caches_equals_the_appended_form(pairs, draft_packages, form,
+                                                            proposer):
+    options = dict(temperature=0.9, seed=11)
+    if proposer is not None:
+        options.update(proposer=proposer, k=4)
+    draft = proposer == "draft"
+    static = generate(pairs[form, "static"], draft_packages["static"] if draft else None,
+                      **options)
+    appended = generate(pairs[form, "appended"], draft_packages["appended"] if draft else None,
+                        **options)
+    assert static.token_ids == appended.token_ids
+    assert static.stats.trace == appended.stats.trace
     assert static.stats.sampled_rows > 0 and static.stats.rollback_bytes_moved == 0
 
 
