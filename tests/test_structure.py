@@ -120,3 +120,45 @@ def test_the_runtime_check_sees_a_planted_tool_import(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("def f():\n    from speculant_bench.timing import InvokeClock\n")
     assert "speculant_bench.timing" in imported_names(planted, "speculant.planted")
+
+
+# The runtime's layers in data-flow order: a module imports only its own layer or lower ones.
+LAYERS = {
+    "errors": 0, "dtypes": 0,
+    "package": 1, "tensors": 1, "text": 1,
+    "session": 2,
+    "workflow": 3,
+    "speculative": 4,
+    "engine": 5, "generation": 5,
+    "": 6, "cli": 6, "__main__": 7, "serve": 7,
+}
+# The line budget of the runtime (src/speculant, the served API included): a ceiling, written
+# down so growth is a decision. Tools and bench have their own homes and no budget here.
+RUNTIME_LINE_BUDGET = 10_000
+MODULE_LINE_LIMIT = 500
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1] if len(parts) > 1 else ""]
+
+
+def test_runtime_layers_import_only_downwards():
+    upward = sorted(f"{module} -> {name}" for module, imports in import_graph().items()
+                    if module.split(".")[0] == RUNTIME
+                    for name in imports if name.split(".")[0] == RUNTIME
+                    and layer_of(name) > layer_of(module))
+    assert not upward, "runtime imports against the data flow: " + "; ".join(upward)
+
+
+def test_the_runtime_stays_inside_its_line_budget():
+    sizes = {p: len(p.read_text().splitlines()) for p in (SRC / RUNTIME).rglob("*.py")}
+    total = sum(sizes.values())
+    assert total <= RUNTIME_LINE_BUDGET, f"src/speculant has {total} lines (budget " \
+                                         f"{RUNTIME_LINE_BUDGET})"
+    for root in (SRC / RUNTIME, SRC / "speculant_tools", SRC / "speculant_bench"):
+        large = {str(p.relative_to(SRC)): n for p, n in sizes.items() if n > MODULE_LINE_LIMIT}
+        large.update({str(p.relative_to(SRC)): len(p.read_text().splitlines())
+                      for p in root.rglob("*.py")
+                      if len(p.read_text().splitlines()) > MODULE_LINE_LIMIT})
+        assert not large, f"modules over {MODULE_LINE_LIMIT} lines: {large}"

@@ -20,7 +20,7 @@ from speculant.errors import (
     SpeculantError,
     UnsupportedError,
 )
-from speculant.workflow.generation import Decode, Generation, Stream
+from speculant.generation import Decode, Generation, Stream
 from speculant.workflow.options import GenerationOptions
 from speculant.workflow.stats import DecodeStats
 

@@ -274,14 +274,17 @@ def inspect(
                                                       "without artifacts.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Show components, ports, state groups and the speculative contract."""
-    from speculant.package import load_metadata_only, load_package, summarize
+    """Show components, ports, state groups and the speculative contract. A package folder
+    gets the whole admission of `generate` (ONNX Runtime sessions and the tokenizer included);
+    --metadata-only checks the document alone (no artifacts, sessions or tokenizer)."""
+    from speculant.engine import load
+    from speculant.package import load_metadata_only, summarize
 
     try:
         if metadata_only:
             document, unsupported = load_metadata_only(target)
         else:
-            document, unsupported = load_package(target).document, []
+            document, unsupported = load(target).package.document, []
     except SpeculantError as error:
         fail(error)
         return
@@ -299,7 +302,8 @@ def inspect(
 
 # Where the distribution is not installed (a checkout on PYTHONPATH) there are no entry
 # points; these are the in-tree plugins the wheel declares under ``speculant.commands``.
-IN_TREE_PLUGINS = ("speculant_tools.cli:register", "speculant_bench.cli:register")
+IN_TREE_PLUGINS = ("speculant_tools.cli:register", "speculant_bench.cli:register",
+                   "speculant.serve.command:register")
 _registered: set[str] = set()
 
 
@@ -321,8 +325,28 @@ def full_app() -> typer.Typer:
     return app
 
 
+REPORT_HINT = "this is a bug in speculant; please report it with the command that caused it"
+
+
 def main() -> None:
-    full_app()(prog_name="speculant")
+    """The console script: never a traceback. A ``SpeculantError`` that escapes a command
+    exits 2 as the commands' own handlers do; anything else is a bug: one line, exit 1."""
+    for stream in (sys.stdout, sys.stderr):  # print lone surrogates escaped, never crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        full_app()(prog_name="speculant")
+    except SpeculantError as error:
+        stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}",
+                     highlight=False)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:  # outside click's own handling (plugin imports)
+        raise SystemExit(130) from None
+    except Exception as error:  # noqa: BLE001 (the one catch-all, by design)
+        detail = " ".join(str(error).split())[:300]
+        stderr.print(f"[bold red]internal error[/]: {type(error).__name__}: {escape(detail)} "
+                     f"({REPORT_HINT})", highlight=False)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

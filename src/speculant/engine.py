@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from speculant.errors import RequestError
+from speculant.generation import Decode, Generation, Stream, Turns
 from speculant.package.package import Package
 from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
@@ -24,8 +25,7 @@ from speculant.speculative.kinds import ProposerSources, admit_proposer
 from speculant.speculative.proposal import Proposer
 from speculant.tensors.seam import make_seam, residency_for_device
 from speculant.text.chat import ChatTemplate, load_chat_template
-from speculant.text.tokenizer import load_tokenizer
-from speculant.workflow.generation import Decode, Generation, Stream, Turns
+from speculant.text.tokenizer import tokenizer_for
 from speculant.workflow.options import GenerationOptions, checked_text, checked_token_ids
 from speculant.workflow.request import Request, admit_request
 from speculant.workflow.sampler import Sampler
@@ -64,8 +64,7 @@ class Engine:
         self.vocab_size = package.logits_width
         self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam)
                          if plan.chain is not None and plan.proposer else None)
-        self.tokenizer = load_tokenizer(package.tokenizer_file, eos_token_ids=plan.eos_ids,
-                                        package=str(package.root))
+        self.tokenizer = tokenizer_for(package)  # with its load-time checks
         self.chat_template: ChatTemplate | None = load_chat_template(package.tokenizer_file)
         self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
                                  outputs_on_host=outputs_on_host, threads=threads)

@@ -4,12 +4,59 @@ Every error speculant raises on bad input is one of these classes. An error carr
 more :class:`Problem` records; each names where it happened (file and document path), the
 offending value, what was expected and, where one exists, the remedy. Load collects all
 problems of a package and raises them together (metadata.md §1 rule 3).
+
+Rendering is bounded, whatever the input: an offending value is shown through :func:`shown`
+(a few levels, a few items, a few hundred characters), every problem renders on one line of
+at most ``MAX_PROBLEM_CHARS``, and an error lists at most ``MAX_PROBLEMS_SHOWN`` problems (all
+of them stay in ``.problems``). A hostile document (a YAML alias bomb, a 10 MB string) thus
+costs no more to report than a small one.
 """
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+MAX_VALUE_CHARS = 160  # the longest rendering of an offending value
+MAX_PROBLEM_CHARS = 1000  # the longest rendering of one problem
+MAX_PROBLEMS_SHOWN = 12  # problems listed in an error's message; .problems holds all
+
+
+class _BoundedRepr(reprlib.Repr):
+    """``reprlib`` with small limits, and huge integers summarized rather than converted
+    (``repr`` of an integer over 4,300 digits raises ``ValueError``)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # keyword limits arrive in Python 3.12
+        self.maxlevel = 3
+        self.maxtuple = self.maxlist = self.maxarray = self.maxdict = 6
+        self.maxset = self.maxfrozenset = self.maxdeque = 6
+        self.maxstring, self.maxlong, self.maxother = 60, 40, 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:
+            return f"<an integer of {len(hex(x)) - 2} hex digits>"
+        return super().repr_int(x, level)
+
+
+_REPR = _BoundedRepr()
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, bounded in depth, width and length: safe for any offending value."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a value whose own __repr__ fails: name its type instead
+        text = f"<{type(value).__name__}>"
+    return _clip(text, MAX_VALUE_CHARS)
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` on one line (newlines folded to spaces), at most ``limit`` characters."""
+    if "\n" in text or "\r" in text:
+        text = " ".join(text.splitlines())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -27,14 +74,17 @@ class Problem:
 
     def render(self) -> str:
         where = ": ".join(part for part in (self.file, self.path) if part)
-        text = f"{where}: {self.message}" if where else self.message
-        if self.value is not None and repr(self.value) not in self.message:
-            text += f" (got {self.value!r})"
+        message = _clip(self.message, MAX_PROBLEM_CHARS)
+        text = f"{where}: {message}" if where else message
+        if self.value is not None:
+            value = shown(self.value)
+            if value not in message:
+                text += f" (got {value})"
         if self.expected:
             text += f"; expected {self.expected}"
         if self.remedy:
             text += f". Remedy: {self.remedy}"
-        return text
+        return _clip(text, MAX_PROBLEM_CHARS)
 
 
 class SpeculantError(Exception):
@@ -57,11 +107,16 @@ class SpeculantError(Exception):
         super().__init__(self._render())
 
     def _render(self) -> str:
+        """One line: the problem, or "N problems: (1) [Kind] ...; (2) ..." (the first
+        ``MAX_PROBLEMS_SHOWN``, then how many more)."""
         if len(self.problems) == 1:
             return self.problems[0].render()
-        lines = [f"{len(self.problems)} problems:"]
-        lines += [f"  - [{p.kind.__name__}] {p.render()}" for p in self.problems]
-        return "\n".join(lines)
+        parts = [f"({i}) [{p.kind.__name__}] {p.render()}"
+                 for i, p in enumerate(self.problems[:MAX_PROBLEMS_SHOWN], 1)]
+        more = len(self.problems) - MAX_PROBLEMS_SHOWN
+        if more > 0:
+            parts.append(f"and {more} more (all in the error's .problems)")
+        return f"{len(self.problems)} problems: " + "; ".join(parts)
 
     @property
     def paths(self) -> list[str]:

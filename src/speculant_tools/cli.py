@@ -1,5 +1,5 @@
 """The tools' commands, registered onto the `speculant` command (entry point
-``speculant.commands``): convert, export-hf, scale-target, metadata name-axes."""
+``speculant.commands``): import, convert, export-hf, scale-target, metadata name-axes."""
 
 from __future__ import annotations
 
@@ -95,6 +95,34 @@ def scale_target(
         fail(error)
         return
     stderr.print(escape(describe(result)), highlight=False)
+
+
+@tools.command("import")
+def import_command(
+    source: Annotated[Path, typer.Argument(help="A GGUF file of the Llama family, a Hugging "
+                                                "Face checkpoint folder (config.json + "
+                                                "safetensors + tokenizer.json), or an "
+                                                "onnxruntime-genai model folder.")],
+    out: Annotated[Path, typer.Argument(help="Folder for the package (new or empty).")],
+    dtype: Annotated[str, typer.Option(help="float32 or float16: weights and IO.")] = "float32",
+    quantize: Annotated[str | None, typer.Option(help="int4: the target's linear layers as "
+                                                      "MatMulNBits (float32 compute, so "
+                                                      "speculation stays exact).")] = None,
+    graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
+) -> None:
+    """Write a speculant package from a GGUF file or a model folder."""
+    from speculant_tools.importers import import_model
+    from speculant_tools.progress import import_progress
+
+    try:
+        with import_progress(f"importing {source}") as progress:
+            import_model(source, out, dtype=dtype, quantize=quantize, graph=graph,
+                         progress=progress)
+    except SpeculantError as error:
+        fail(error)
+        return
+    stderr.print(escape(f"wrote {out} ({dtype}{', int4 weights' if quantize else ''})"),
+                 highlight=False)
 
 
 @metadata_app.command("name-axes")

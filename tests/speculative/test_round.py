@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 from chain_helpers import PROBE_PROMPT
 
+from speculant.speculative.decode import decode
 from speculant.speculative.round import run_round
 from speculant.speculative.verify import verify
 from speculant.tensors import TensorSeam, Value
-from speculant.workflow.decode import decode
 from speculant.workflow.state import RoundResult
 
 

@@ -177,7 +177,7 @@ def test_requests_from_several_threads_equal_a_serial_run(chained_engine):
 
 
 def test_requests_are_served_in_arrival_order():
-    from speculant.workflow.generation import Turns
+    from speculant.generation import Turns
 
     turns, served = Turns(), []
     first = turns.wait()

@@ -1,14 +1,21 @@
 """Metadata document: discovery (metadata.md §2.1), parsing (§1 rule 4) and typing.
 
 Parsing is strict: YAML through a safe loader that refuses duplicate mapping keys, JSON without
-duplicate keys or non-finite constants, a mapping at the root. Typing goes through the pydantic
-models of ``package.model``; every validation error becomes a :class:`Problem` with the dotted
-document path, the offending value and what was expected, and all of them are raised together.
+duplicate keys or non-finite constants, a mapping at the root. It is also bounded, so that no
+document costs more to refuse than its size: a document may hold at most ``MAX_NODES`` nodes
+with its YAML aliases expanded (counted on the composed node graph before anything is
+constructed, so a "billion laughs" bomb is refused in microseconds; a recursive alias is
+refused too), may nest at most ``MAX_DEPTH`` levels, and its strings must be valid Unicode (a
+JSON ``"\ud800"`` escape is a lone surrogate, which YAML's parser refuses as well).
+Typing goes through the pydantic models of ``package.model``; every validation error becomes a
+:class:`Problem` with the dotted document path, the offending value and what was expected, and
+all of them are raised together.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -16,20 +23,29 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from speculant.errors import MetadataError, Problem, ProblemCollector
+from speculant.errors import MetadataError, Problem, ProblemCollector, shown
 from speculant.package.model import Document
+from speculant.package.paths import confine
 
 STEP_KEYS = {"invoke": "one of the keys kind, component, inputs, outputs",
              "emit": "one of the keys kind, value, output, mode, axis, when, valid_length"}
 METADATA_NAMES = ("inference_metadata.yaml", "inference_metadata.yml", "inference_metadata.json")
+MAX_NODES = 200_000  # nodes of a document, YAML aliases expanded (the demo holds 1,941)
+MAX_DEPTH = 100  # nesting levels of mappings and lists
 
 
 # -- discovery ----------------------------------------------------------------------------
 def find_metadata(root: Path) -> Path:
-    """The first of ``inference_metadata.{yaml,yml,json}`` that is a regular file in ``root``."""
+    """The first of ``inference_metadata.{yaml,yml,json}`` that is a regular file in ``root``.
+
+    The metadata file is confined like every other file of the package (§2.3 P2): a symlink
+    to a file outside the folder is a ``MetadataError``."""
     for name in METADATA_NAMES:
         candidate = root / name
         if candidate.is_file():
+            problems = ProblemCollector(str(root))
+            confine(Path(os.path.realpath(root)), name, "", problems, what="metadata file")
+            problems.raise_if_any()
             return candidate
     raise MetadataError(f"no inference_metadata.{{yaml,yml,json}} in {root}", file=str(root),
                         expected="one of " + ", ".join(METADATA_NAMES))
@@ -39,9 +55,22 @@ def find_metadata(root: Path) -> Path:
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when present
 
 
+class DocumentTooLarge(ValueError):
+    """A document past ``MAX_NODES`` or ``MAX_DEPTH``, with a recursive alias, or with a
+    string that is not valid Unicode; ``expected`` says what would be accepted."""
+
+    def __init__(self, message: str, expected: str) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
 class StrictSafeLoader(_SafeLoader):  # type: ignore[misc, valid-type]
     """``yaml.SafeLoader`` (on libyaml's parser when available) that refuses a mapping with
-    the same key twice."""
+    the same key twice, and measures the composed document before constructing it."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _measure(node)
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}
@@ -56,17 +85,94 @@ class StrictSafeLoader(_SafeLoader):  # type: ignore[misc, valid-type]
             if first is not None:
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r} (first defined on line {first.line + 1})",
+                    f"found duplicate key {shown(key)} (first defined on line "
+                    f"{first.line + 1})",
                     key_node.start_mark)
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _measure(root: yaml.Node) -> None:
+    """Refuse a composed YAML document over ``MAX_NODES`` nodes (aliases expanded, each
+    shared node measured once) or ``MAX_DEPTH`` levels, or with a recursive alias."""
+    measured: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, depth)
+    open_nodes: set[int] = set()  # the nodes on the path being walked
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, is_closing = stack.pop()
+        key = id(node)
+        if is_closing:
+            sizes = [measured[id(child)] for child in _children(node)]
+            count = 1 + sum(n for n, _ in sizes)
+            depth = 1 + max((d for _, d in sizes), default=0)
+            open_nodes.discard(key)
+            measured[key] = (count, depth)
+            _check_size(count, depth, f" (at line {node.start_mark.line + 1})")
+            continue
+        if key in measured:
+            continue
+        if key in open_nodes:
+            raise DocumentTooLarge(f"a recursive alias at line {node.start_mark.line + 1} "
+                                   "(a node that contains itself)",
+                                   "aliases that refer to complete nodes only")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in measured)
+
+
+def _check_size(count: int, depth: int, where: str = "") -> None:
+    if count > MAX_NODES:
+        raise DocumentTooLarge(f"the document holds more than {MAX_NODES:,} nodes with its "
+                               f"aliases expanded{where}", f"at most {MAX_NODES:,} nodes "
+                               "(an alias counts the nodes it stands for, each time)")
+    if depth > MAX_DEPTH:
+        raise DocumentTooLarge(f"the document nests more than {MAX_DEPTH} levels deep{where}",
+                               f"at most {MAX_DEPTH} levels of nested mappings and lists")
+
+
+def _check_data(data: Any) -> None:
+    """Size, depth and Unicode of a parsed JSON document (no sharing: a plain walk)."""
+    count = 0
+    stack: list[tuple[Any, int, str]] = [(data, 1, "")]
+    while stack:
+        value, depth, path = stack.pop()
+        count += 1
+        _check_size(count, depth, f" (at '{path}')" if path else "")
+        if isinstance(value, str):
+            _check_unicode(value, path)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _check_unicode(key, path)
+                stack.append((item, depth + 1, f"{path}.{key}" if path else key))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1, f"{path}.{i}" if path else str(i))
+                         for i, item in enumerate(value))
+
+
+def _check_unicode(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        at = f" at '{path}'" if path else ""
+        raise DocumentTooLarge(f"a string{at} holds a lone surrogate "
+                               f"{shown(text[exc.start:exc.end])}, which is not valid "
+                               "Unicode", "strings of Unicode characters (a \\uD800-\\uDFFF "
+                               "escape only as half of a surrogate pair)") from None
 
 
 def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(f"duplicate key {shown(key)}")
         result[key] = value
     return result
 
@@ -80,8 +186,14 @@ def parse_text(text: str, file: str, *, is_json: bool) -> dict[str, Any]:
     try:
         if is_json:
             data = json.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
+            _check_data(data)
         else:
             data = yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506 (a SafeLoader)
+    except DocumentTooLarge as exc:
+        raise MetadataError(str(exc), file=file, expected=exc.expected) from None
+    except RecursionError:
+        raise MetadataError(f"the document nests more than {MAX_DEPTH} levels deep", file=file,
+                            expected=f"at most {MAX_DEPTH} levels of nesting") from None
     except (yaml.YAMLError, ValueError) as exc:
         raise MetadataError(_parse_message(exc), file=file,
                             expected="valid JSON" if is_json else "valid YAML") from None
@@ -242,6 +354,7 @@ def read_document(path: str | Path) -> Document:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise MetadataError(f"cannot read the metadata file: {exc}", file=str(path)) from None
+        raise MetadataError(f"cannot read the metadata file: {exc}", file=str(path),
+                            expected="a regular file of UTF-8 text") from None
     data = parse_text(text, str(path), is_json=path.suffix == ".json")
     return to_document(data, str(path))

@@ -17,7 +17,7 @@ from speculant.dtypes import dtype_of_onnx
 from speculant.errors import AdmissionError, ProblemCollector
 from speculant.package.common import last_extent
 from speculant.package.model import TensorContract
-from speculant.package.paths import confine
+from speculant.package.paths import confine_external_data
 
 TEXTPROTO_SUFFIX = ".onnx.textproto"
 
@@ -53,9 +53,7 @@ def read_graph(component: str, artifact: Path, root: Path, artifact_field: str,
                     path=artifact_field, file=file, value=location, rule="A1",
                     expected="inline initializers (text-format models cannot use external data)")
         return model
-    for tensor_name, location in dict(external).items():
-        confine(root, location, artifact_field, out, base=artifact.parent, file=file,
-                what=f"external data of initializer '{tensor_name}'")
+    confine_external_data(root, external, artifact, artifact_field, out)
     return model
 
 

@@ -14,7 +14,7 @@ import math
 import onnx
 
 from speculant.dtypes import DTYPES, FLOAT8_DTYPES
-from speculant.errors import AdmissionError, MetadataError, ProblemCollector
+from speculant.errors import AdmissionError, MetadataError, ProblemCollector, shown
 from speculant.package.common import (
     INTEGER_DTYPES,
     WF,
@@ -100,7 +100,7 @@ def default_problem(contract: TensorContract, default: object) -> str | None:
         else:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         if not ok:
-            return f"{value!r} ({type(value).__name__}) is not a {contract.dtype} element"
+            return f"{shown(value)} ({type(value).__name__}) is not a {contract.dtype} element"
     if isinstance(default, list):
         dims = contract.dims
         if all(isinstance(d, int) for d in dims):

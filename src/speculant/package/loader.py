@@ -20,6 +20,7 @@ import onnx
 
 from speculant.errors import MetadataError, Problem, ProblemCollector, UnsupportedError
 from speculant.package import chain, io, serving, state, static, steps, top
+from speculant.package.builtin import builtin_names, resolve_package
 from speculant.package.common import WF, rule_of
 from speculant.package.document import find_metadata, read_document
 from speculant.package.graphs import read_graph
@@ -62,10 +63,11 @@ def load_package(root: str | Path) -> Package:
 
     Raises ``MetadataError``, ``UnsupportedError`` or ``AdmissionError`` carrying every
     problem found at that stage (``.problems``)."""
-    root = Path(os.path.realpath(root))
+    root = Path(os.path.realpath(resolve_package(root)))  # a built-in name: its folder
     if not root.is_dir():
         raise MetadataError(f"no inference_metadata.{{yaml,yml,json}} in {root} (not a folder)",
-                            file=str(root))
+                            file=str(root), expected="a package folder, or a built-in "
+                            f"package name ({', '.join(builtin_names())})")
     metadata_file = find_metadata(root)
     file = str(metadata_file)
     doc = read_document(metadata_file)

@@ -66,3 +66,17 @@ def confine(root: Path, location: str, path: str, problems: ProblemCollector, *,
                      value=location, expected="an existing regular file", file=file)
         return None
     return resolved
+
+
+def confine_external_data(root: Path, external: list[tuple[str, str]], model_file: Path,
+                          path: str, problems: ProblemCollector) -> None:
+    """Confine the external-data ``(tensor name, location)`` pairs of the binary model
+    ``model_file`` (relative to its folder): one problem per distinct location, naming how
+    many initializers it holds, rather than one per initializer."""
+    by_location: dict[str, list[str]] = {}
+    for tensor_name, location in external:
+        by_location.setdefault(location, []).append(tensor_name)
+    for location, names in by_location.items():
+        others = f" (and {len(names) - 1} more in that file)" if len(names) > 1 else ""
+        confine(root, location, path, problems, base=model_file.parent, file=str(model_file),
+                what=f"external data of initializer '{names[0]}'{others}")

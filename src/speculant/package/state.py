@@ -5,7 +5,7 @@ owns, derived for the plan with the bound on how far they roll back.
 
 from __future__ import annotations
 
-from speculant.errors import MetadataError, ProblemCollector
+from speculant.errors import MetadataError, ProblemCollector, shown
 from speculant.package.common import (
     GROUPS,
     WF,
@@ -312,7 +312,7 @@ def _check_owners(doc: Document, writers: Writers, lengths: frozenset[str],
         bound = (step.inputs or {}).get(alias.input)
         if bound != cell.initializer:
             unsupported(out, "25", f"a target invoke that binds alias input '{alias.input}' of "
-                        f"cell '{cell_name}' to {bound!r} instead of its initializer",
+                        f"cell '{cell_name}' to {shown(bound)} instead of its initializer",
                         f"{path}.inputs.{alias.input}", bound, f"'{cell.initializer}'")
         if alias.output not in step.invoke_outputs():
             unsupported(out, "25", f"a target invoke that leaves alias output '{alias.output}' "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from speculant.errors import MetadataError, ProblemCollector, UnsupportedError
+from speculant.errors import MetadataError, ProblemCollector, UnsupportedError, shown
 from speculant.package.common import WF, check_path, is_empty, unsupported
 from speculant.package.model import Document, TokenizerArtifact, Workflow
 from speculant.package.paths import confine
@@ -49,7 +49,7 @@ def check(doc: Document, out: ProblemCollector) -> None:
         for key, neutral in NEUTRAL_DEFAULTS.items():
             value = getattr(defaults, key)
             if value is not None and value not in neutral:
-                unsupported(out, "2", f"generation.defaults.{key} = {value!r}",
+                unsupported(out, "2", f"generation.defaults.{key} = {shown(value)}",
                             f"generation.defaults.{key}", value, f"{neutral[0]!r} or absent")
     for key in ("profiles", "adapters", "preprocessing"):
         if not is_empty(getattr(doc, key)):

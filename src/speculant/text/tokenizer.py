@@ -7,16 +7,32 @@ callers never branch on ``None``.
 
 The EOS ids come from the metadata (``package.tokenizer.special_tokens.eos``), not from the
 tokenizer file: the package states its stop token, speculant does not guess it.
+
+Load-time checks (:func:`tokenizer_for`; each a ``MetadataError`` naming the file and field):
+
+* V1. Every EOS id lies inside the target's logits width ``V`` (else no run could stop on it).
+* V2. The tokenizer file holds at least the ids the package declares it holds
+  (``package.tokenizer.vocab_size``; without that declaration, ``V``). The logits may be wider
+  than the declared vocabulary: rows ``[vocab_size, V)`` are padding (a vocabulary rounded up
+  to a multiple of 64 or 128), the target never emits them in practice, and they decode to
+  nothing. What is refused is a tokenizer that cannot decode ids the package itself calls
+  tokens (a 300-entry ``tokenizer.json`` for a declared vocabulary of 4,096).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tokenizers
 
 from speculant.errors import MetadataError, RequestError
+
+if TYPE_CHECKING:
+    from speculant.package.package import Package
+
+EOS_FIELD = "package.tokenizer.special_tokens.eos.id"
 
 
 class Tokenizer:
@@ -61,6 +77,13 @@ class Tokenizer:
         if not isinstance(text, str):
             raise RequestError("encode takes a string", value=type(text).__name__,
                                expected="str")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates (the CLI's undecodable bytes)
+            raise RequestError("the text is not valid Unicode: it holds a lone surrogate at "
+                               f"character {exc.start}", value=text[exc.start:exc.end],
+                               expected="text of Unicode characters (valid UTF-8)",
+                               remedy="pass the text as valid UTF-8") from None
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -107,6 +130,35 @@ class NoTokenizer:
 
     def __repr__(self) -> str:
         return "NoTokenizer()"
+
+
+def tokenizer_for(package: Package) -> Tokenizer | NoTokenizer:
+    """The tokenizer of a loaded package, after the load-time checks V1 and V2 (module
+    docstring)."""
+    doc, plan = package.document, package.plan
+    logits_width = package.logits_width
+    declared = doc.package.tokenizer if doc.package and doc.package.tokenizer else None
+    for eos_id in plan.eos_ids:
+        if logits_width is not None and not 0 <= eos_id < logits_width:
+            raise MetadataError(
+                f"the EOS id {eos_id} is outside the target's vocabulary: its logits are "
+                f"{logits_width} wide, so no run could stop on it",
+                file=str(package.metadata_file), path=EOS_FIELD, value=eos_id,
+                expected=f"an id in [0, {logits_width})",
+                remedy="set the id of the end-of-sequence token the model was trained with")
+    tokenizer = load_tokenizer(package.tokenizer_file, eos_token_ids=plan.eos_ids,
+                               package=str(package.root))
+    required = declared.vocab_size if declared else logits_width
+    if tokenizer.vocab_size is not None and required and tokenizer.vocab_size < required:
+        source = ("package.tokenizer.vocab_size declares" if declared else
+                  "the target's logits are")
+        raise MetadataError(
+            f"the tokenizer holds {tokenizer.vocab_size} ids, but {source} {required}: ids "
+            f"{tokenizer.vocab_size} to {required - 1} could not be decoded",
+            file=str(package.tokenizer_file), value=tokenizer.vocab_size,
+            expected=f"a tokenizer of at least {required} ids",
+            remedy="ship the model's own tokenizer.json, or declare its true vocab_size")
+    return tokenizer
 
 
 def load_tokenizer(

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from speculant.errors import RequestError
+from speculant.speculative.decode import decode
 from speculant.speculative.proposal import Proposer
-from speculant.workflow.decode import decode
 from speculant.workflow.state import DecodeState
 from speculant.workflow.stats import DecodeStats
 from speculant.workflow.target_pass import TargetPass

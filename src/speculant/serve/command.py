@@ -1,0 +1,99 @@
+"""The `speculant serve` command (registered onto `speculant` as a plugin)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated
+
+import typer
+
+from speculant.errors import SpeculantError
+from speculant.serve import load_engine, require
+from speculant.serve.schemas import PROPOSERS
+
+
+def _defaults() -> dict:
+    from speculant import GenerationOptions
+
+    return {f.name: f.default for f in dataclasses.fields(GenerationOptions)}
+
+
+DEFAULTS = _defaults()
+
+
+def serve(
+    package: Annotated[str, typer.Argument(help="Package folder or built-in name.")] = "demo",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
+    threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads per "
+                                                     "session (default: ORT's).")] = None,
+    draft: Annotated[str | None, typer.Option(help="Draft-model package, for "
+                                                   "proposer=draft.")] = None,
+    model_name: Annotated[str | None, typer.Option(help="The model id clients send "
+                                                        "(default: the package's folder "
+                                                        "name).")] = None,
+    proposer: Annotated[str | None, typer.Option(help="Default proposer of requests: "
+                                                      + ", ".join(PROPOSERS) +
+                                                      " (default: plain decoding).")] = None,
+    k: Annotated[int | None, typer.Option(help="Default drafts per round (default: the "
+                                               "proposer's).")] = DEFAULTS["k"],
+    max_tokens: Annotated[int, typer.Option(help="Default max_tokens of "
+                                                 "requests.")] = DEFAULTS["max_new_tokens"],
+    temperature: Annotated[float, typer.Option(help="Default temperature (0: "
+                                                    "greedy).")] = DEFAULTS["temperature"],
+    top_p: Annotated[float, typer.Option(help="Default top_p.")] = DEFAULTS["top_p"],
+    seed: Annotated[int, typer.Option(help="Default seed.")] = DEFAULTS["seed"],
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body "
+                                                     "accepted.")] = 1 << 20,
+    log_level: Annotated[str, typer.Option(help="uvicorn's log level (info logs each "
+                                                 "request).")] = "info",
+    ray: Annotated[bool, typer.Option("--ray", help="Serve as a Ray Serve deployment (one "
+                                                    "engine per replica).")] = False,
+    replicas: Annotated[int, typer.Option(help="Ray Serve replicas (with --ray).")] = 1,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster to join (with --ray; "
+                                                         "default: start a local "
+                                                         "one).")] = None,
+) -> None:
+    """Serve a package over OpenAI's HTTP API: /v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics."""
+    from speculant.cli import fail
+
+    try:
+        if proposer is not None and proposer not in PROPOSERS:
+            raise typer.BadParameter(f"{proposer!r} is not one of {', '.join(PROPOSERS)}",
+                                     param_hint="--proposer")
+        require("serve")
+        from speculant import GenerationOptions
+
+        defaults = GenerationOptions(max_new_tokens=max_tokens, proposer=proposer, k=k,
+                                     temperature=temperature, top_p=top_p, seed=seed)
+        name = model_name or _model_name(package)
+        if ray:
+            require("ray")
+            from speculant.serve.ray_app import run_blocking
+
+            run_blocking(package, model_name=name, defaults=defaults, device=device,
+                         draft=draft, threads=threads, num_replicas=replicas, host=host, port=port,
+                         address=ray_address)
+            return
+        import uvicorn
+
+        from speculant.serve.app import create_app
+
+        engine = load_engine(package, device=device, draft=draft, threads=threads)
+        app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)
+    except SpeculantError as error:
+        fail(error)
+        return
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _model_name(package: str) -> str:
+    from pathlib import Path
+
+    return Path(package).name or package
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

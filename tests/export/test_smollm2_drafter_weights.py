@@ -1,0 +1,42 @@
+"""The committed SmolLM2 drafter (recipes/smollm2_drafter) is what the pair writer expects."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from speculant_tools.export import LlamaConfig, drafter_shapes
+from speculant_tools.export.config import EMBEDDING, checked_weights
+
+FOLDER = Path(__file__).parents[2] / "src" / "speculant_tools" / "builtin" / "smollm2"
+
+
+def _config() -> tuple[dict, LlamaConfig]:
+    settings = json.loads((FOLDER / "drafter_config.json").read_text())
+    return settings, LlamaConfig.from_hf(settings["target"]["config"])
+
+
+def test_npz_names_shapes_and_dtype_are_the_writers_drafter_weights():
+    settings, config = _config()
+    with np.load(FOLDER / "drafter.npz") as archive:
+        weights = {name: archive[name] for name in archive.files}
+    shapes = drafter_shapes(config)
+    assert list(weights) == list(shapes)  # the shared embedding is not stored
+    assert EMBEDDING not in weights
+    assert {name: a.shape for name, a in weights.items()} == shapes
+    assert all(a.dtype == np.float16 for a in weights.values())
+    checked = checked_weights(weights, shapes, "float16", "drafter weights")  # finite, exact
+    assert all(np.array_equal(checked[n], weights[n]) for n in shapes)
+    assert settings["weights"] == {name: list(shape) for name, shape in shapes.items()}
+
+
+def test_size_and_the_settings_the_importer_reads():
+    settings, config = _config()
+    assert (FOLDER / "drafter.npz").stat().st_size <= 10_000_000
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (49152, 576, 30)
+    assert settings["scale"] == math.sqrt(config.hidden_size) == 24.0
+    assert settings["drafter_intermediate_size"] == config.intermediate_size
+    assert settings["max_proposal_width"] == 8

