@@ -178,7 +178,8 @@ class Engine:
         sampler = (Sampler.seeded(admitted.sampling, options.seed)
                    if admitted.sampling is not None else None)
         state = DecodeState.start(self.seam, self.package, rules, admitted, prompt_ids,
-                                  sampler=sampler, text=text)
+                                  sampler=sampler, text=text, k=k if proposer else 0,
+                                  residency=self.sessions[plan.target].device)
         state.stats.proposer = kind.name if kind is not None else None
         return state, proposer, k
 

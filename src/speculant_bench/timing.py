@@ -68,13 +68,14 @@ class InvokeClock:
         return sum(sum(d) for name, d in self.durations.items() if name != self.target)
 
 
-def prefilled(engine: Engine, prompt_ids: Sequence[int]) -> DecodeState:
-    """The decode state a one-token decode of ``prompt_ids`` leaves: its caches hold the
-    prompt (extent ``len(prompt_ids)``), with the admitted request it ran under."""
-    decode = engine.decode(list(prompt_ids), GenerationOptions(max_new_tokens=1,
+def prefilled(engine: Engine, prompt_ids: Sequence[int], room: int = 1) -> DecodeState:
+    """The decode state the prefill of ``prompt_ids`` leaves: its caches hold the prompt
+    (extent ``len(prompt_ids)``), with the admitted request it ran under; ``room``: the
+    tokens a pass may then consume (static caches are allocated for that many)."""
+    decode = engine.decode(list(prompt_ids), GenerationOptions(max_new_tokens=room,
                                                                stop_on_eos=False))
-    for _ in decode:
-        pass
+    next(decode)  # the prefill and its first token
+    decode.close()
     return decode.state
 
 
@@ -92,7 +93,7 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
     """Time target passes of each block width over the cache a prefill of ``context_ids``
     leaves (fixed cache length ``len(context_ids)``); widths interleave within each repeat so
     drift hits them alike. The block is the context's tokens again (real ids, not zeros)."""
-    state = prefilled(engine, context_ids)
+    state = prefilled(engine, context_ids, max(widths))
     start, cells, admitted = state.consumed, state.cells, state.admitted
     controls = dict(admitted.initial_controls)  # as the prefill pass saw them
     blocks = {w: list(islice(cycle(context_ids), w)) for w in widths}

@@ -44,13 +44,14 @@ def test_recurrent_replace_group(tmp_path: Path) -> None:
     assert "state group kind 'recurrent' is not supported" in str(error)
 
 
-def test_indexed_scatter_update(tmp_path: Path) -> None:
+def test_indexed_scatter_update_naming_no_state_cell(tmp_path: Path) -> None:
+    """indexed_scatter is supported (tests/static_cache); its write_indices must be a cell."""
     doc = mutated("greedy", ("set", f"{GROUPS}.attention.update",
                              {"kind": "indexed_scatter", "write_indices": "request.accepted_len",
                               "capacity": "package.max_context"}))
-    error = load_unsupported(tmp_path, doc)
-    assert error.paths == [f"{GROUPS}.attention.update.kind"]
-    assert "state update 'indexed_scatter' is not supported" in str(error)
+    problems = validate_document(to_document(doc, "<test>"))
+    assert problems and {p.kind for p in problems} == {MetadataError}
+    assert f"{GROUPS}.attention.update.write_indices" in {p.path for p in problems}
 
 
 def test_loop_step(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 import speculant
 from speculant.cli import full_app
-from speculant.errors import UnsupportedError
 from speculant.package import load_metadata_only
 from speculant_tools.export import ExportError, convert
 from speculant_tools.export.package import read_settings
@@ -52,22 +51,18 @@ def test_the_metadata_has_catalogue_18s_form(pairs):
     assert workflow["steps"][1]["inputs"]["cache_lengths"] == "request.cache_lengths"
 
 
-def test_static_documents_validate_and_the_runtime_names_what_it_lacks(pairs, draft_packages):
-    """Valid against the published schema; the runtime's only objections are the static-cache
-    features it does not drive yet (typed UnsupportedError naming the field), as for
-    catalogue 18 itself."""
+def test_static_documents_validate_and_load(pairs, draft_packages):
+    """Valid against the published schema, nothing unsupported, and they load (the runtime
+    drives them: tests/static_cache/test_runtime_*.py)."""
     jsonschema = pytest.importorskip("jsonschema")
     if not SCHEMA.is_file():
         pytest.skip(f"no published schema at {SCHEMA} (a clone without ../shared)")
     schema = json.loads(SCHEMA.read_text())
-    group = "pipeline.workflow.serving.state_service.groups.attention"
     for root in (pairs["gqa-float16", "static"], draft_packages["static"]):
         jsonschema.validate(document(root), schema)
         _, problems = load_metadata_only(root / "inference_metadata.yaml")
-        assert {p.kind for p in problems} == {UnsupportedError}
-        assert {f"{group}.update.kind", f"{group}.logical_lengths"} <= {p.path for p in problems}
-    with pytest.raises(UnsupportedError, match="indexed_scatter"):
-        speculant.load(pairs["gqa-float16", "static"])
+        assert problems == []
+    assert speculant.load(pairs["gqa-float16", "static"]).package.plan.static is not None
 
 
 def test_appended_packages_are_unchanged(pairs):

@@ -2,8 +2,8 @@
 
 The features run in order, each owning its rules, its unsupported cases, its admission and
 its part of the plan: ``top`` (the top-level sections), ``io`` (inputs, outputs, components,
-ports), ``steps`` (the SSA walk), ``state`` (cells, groups, rollback), ``serving`` (the
-controls), ``chain`` (the chained contract).
+ports), ``steps`` (the SSA walk), ``state`` (cells, groups, rollback), ``static`` (fixed-capacity
+caches), ``serving`` (the controls), ``chain`` (the chained contract).
 
 ``load_package`` runs discovery -> parse -> every feature's document checks (all collected)
 -> path confinement -> admission against the graphs (only once the document passed, §1 rule
@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 
 from speculant.errors import MetadataError, Problem, ProblemCollector, UnsupportedError
-from speculant.package import chain, io, serving, state, steps, top
+from speculant.package import chain, io, serving, state, static, steps, top
 from speculant.package.builtin import builtin_names, resolve_package
 from speculant.package.common import WF, rule_of
 from speculant.package.document import find_metadata, read_document
@@ -42,6 +42,7 @@ def document_problems(doc: Document, file: str = "",
     io.check(doc, out)
     values = steps.check(doc, out)
     state.check(doc, values, out)
+    static.check(doc, out)
     serving.check(doc, values, out)
     chain.check(doc, facts or chain.derive(doc), out)
     return out.problems
@@ -126,6 +127,10 @@ def derive_plan(doc: Document, facts: chain.ChainFacts | None = None) -> LoadPla
     driver_bound = {target_inputs[port_by_role[role]]: role for role in DRIVER_PORT_ROLES
                     if port_by_role.get(role) in target_inputs}
     driver_bound.update({cell.initializer: f"cell:{cell.name}" for cell in cells.values()})
+    static_plan = static.plan(doc, target)
+    if static_plan is not None:  # L, bound by the driver on every pass
+        driver_bound[static_plan.lengths_input] = "cache_lengths"
+        driver_bound[static_plan.write_indices_input] = "cache_lengths"  # the block's slot
     undeclared_bound = state.group_rollback_bound(doc, cells)
     spec = doc.speculative
     facts = facts or chain.derive(doc)
@@ -140,7 +145,7 @@ def derive_plan(doc: Document, facts: chain.ChainFacts | None = None) -> LoadPla
         rollback_bound=spec.max_proposal_width if spec else undeclared_bound,
         undeclared_rollback_bound=undeclared_bound, serving=serving.controls(doc),
         eos_ids=top.eos_ids(doc), chain=chain_plan,
-        chain_bound_inputs=chain.chain_bound_inputs(doc, chain_plan))
+        chain_bound_inputs=chain.chain_bound_inputs(doc, chain_plan), static=static_plan)
 
 
 def runnable_roles(doc: Document) -> tuple[str, str | None]:

@@ -48,6 +48,20 @@ class ChainPlan:
 
 
 @dataclass(frozen=True)
+class StaticPlan:
+    """Fixed-capacity caches written in place (docs/design/static-cache.md)."""
+
+    lengths_cell: str  # the cell holding L (the group's logical_lengths)
+    lengths_input: str  # its initializer: the workflow value the driver binds to L
+    write_indices_input: str  # the write-index cell's initializer (also L: one sequence)
+    capacity_input: str  # update.capacity: the workflow input of the largest capacity
+    capacity: int | None  # its literal default (None: no default)
+    capacity_symbol: str  # the cells' symbol on the sequence axis
+    write_indices_ports: dict[str, str]  # component -> port taking the write index (= L)
+    kv_length_ports: dict[str, str]  # component -> port taking the valid length
+
+
+@dataclass(frozen=True)
 class LoadPlan:
     target: str
     proposer: str | None
@@ -68,3 +82,4 @@ class LoadPlan:
     # workflow inputs only the chain binds (the fused port, borrowed caches): never asked of
     # the caller
     chain_bound_inputs: tuple[str, ...] = ()
+    static: StaticPlan | None = None  # fixed-capacity caches; None: appended caches

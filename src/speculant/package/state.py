@@ -21,6 +21,7 @@ from speculant.package.common import (
 )
 from speculant.package.model import Document, StateCell, StateGroup, StatePortAlias, Workflow
 from speculant.package.plan import CellPlan
+from speculant.package.static import length_cells
 from speculant.package.steps import Values
 
 ATTENTION_KINDS = ("full_attention", "sliding_attention", "multi_latent_attention")
@@ -35,18 +36,20 @@ def check(doc: Document, values: Values, out: ProblemCollector) -> None:
     groups = dict(wf.serving.state_service.groups) if wf.serving else {}
     accepted_len = wf.serving.accepted_len if wf.serving else None
     writers = owners(wf)  # cell -> the (component, alias) pairs that write it, derived once
+    lengths = length_cells(wf)  # a static group's length cells: no service_group, no owner
     for name, cell in wf.state.items():
-        _check_cell(name, cell, groups, accepted_len, values, out)
+        _check_cell(name, cell, groups, accepted_len, values, out, is_length=name in lengths)
     for name, group in groups.items():
         _check_group(wf, name, group, groups, writers, out)
-    _check_owners(doc, writers, out)
+    _check_owners(doc, writers, lengths, out)
     if doc.speculative is not None:
         _check_rollback(doc, groups, writers, out)
 
 
 # -- cells (rules 17–19) --------------------------------------------------------------------
 def _check_cell(name: str, cell: StateCell, groups: dict[str, StateGroup],
-                accepted_len: str | None, values: Values, out: ProblemCollector) -> None:
+                accepted_len: str | None, values: Values, out: ProblemCollector, *,
+                is_length: bool = False) -> None:
     path = f"{WF}.state.{name}"
     if cell.initializer not in values:
         out.add(MetadataError, f"initializer '{cell.initializer}' is not a defined value",
@@ -78,14 +81,14 @@ def _check_cell(name: str, cell: StateCell, groups: dict[str, StateGroup],
     if cell.class_ != "semantic":
         unsupported(out, "2", f"state class '{cell.class_}'", f"{path}.class", cell.class_,
                     "semantic")
-    if cell.management != "runtime" and cell.service_group is None:
+    if cell.management != "runtime" and cell.service_group is None and not is_length:
         # (in a group it is a MetadataError, rule 17; absent means `workflow`)
         unsupported(out, "2", f"a '{cell.management}'-managed state cell",
                     f"{path}.management", cell.management, "runtime")
     if cell.release_boundary not in (None, "invocation"):
         unsupported(out, "2", f"release_boundary '{cell.release_boundary}'",
                     f"{path}.release_boundary", cell.release_boundary, "invocation")
-    if cell.service_group is None:
+    if cell.service_group is None and not is_length:
         unsupported(out, "17", "a state cell without a service_group", f"{path}.service_group",
                     None, "the name of a state group")
     if cell.session is not None:
@@ -163,20 +166,24 @@ def _check_group(wf: Workflow, name: str, group: StateGroup, groups: dict[str, S
     for component, aliases in group.ports.items():
         _check_aliases(wf, name, component, aliases, out)
     _check_borrowed(wf, name, group, writers, out)
-    # what speculant manages: attention caches that append
+    # what speculant manages: attention caches that append or scatter into a fixed capacity
     if group.kind not in ATTENTION_KINDS:
         unsupported(out, "2", f"state group kind '{group.kind}'", f"{path}.kind", group.kind,
                     "full_attention, sliding_attention or multi_latent_attention")
-    if update != "append":
+    if update not in ("append", "indexed_scatter"):
         unsupported(out, "2", f"state update '{update}'", f"{path}.update.kind", update,
-                    "append")
+                    "append or indexed_scatter")
     if group.sequence_axis is None and update != "append":
         unsupported(out, "2", "a state group without sequence_axis", f"{path}.sequence_axis",
                     None, "the axis along which caches grow and roll back")
     if group.aliasing == "required":
         unsupported(out, "2", "aliasing: required", f"{path}.aliasing", group.aliasing,
                     "forbidden or permitted")
-    for key in ("logical_lengths", "total_length", "checkpoint"):
+    if group.logical_lengths is not None and update != "indexed_scatter":
+        unsupported(out, "2", f"group logical_lengths with a '{update}' update",
+                    f"{path}.logical_lengths", group.logical_lengths,
+                    "absent (or update.kind: indexed_scatter)")
+    for key in ("total_length", "checkpoint"):
         if getattr(group, key) is not None:
             unsupported(out, "2", f"group {key}", f"{path}.{key}", getattr(group, key),
                         "absent")
@@ -276,11 +283,14 @@ def _check_borrowed(wf: Workflow, group_name: str, group: StateGroup, writers: W
 
 
 # -- owners (rules 24, 25: U) ---------------------------------------------------------------
-def _check_owners(doc: Document, writers: Writers, out: ProblemCollector) -> None:
+def _check_owners(doc: Document, writers: Writers, lengths: frozenset[str],
+                  out: ProblemCollector) -> None:
     wf = doc.workflow
     target, _ = component_roles(doc)
     for name in wf.state:
         found = writers.get(name, [])
+        if name in lengths and not found:  # the driver writes it (static-cache.md)
+            continue
         if len(found) != 1:
             unsupported(out, "24", f"state cell '{name}' with {len(found)} owners "
                         f"({', '.join(c for c, _ in found) or 'none'})", f"{WF}.state.{name}",

@@ -14,11 +14,13 @@ from onnx import numpy_helper
 from speculant.errors import ChainError, ContractError
 from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
+from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
 from speculant.speculative.proposal import Proposal
 from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState
+from speculant.workflow.static_cells import StaticCells
 from speculant.workflow.target_pass import PassResult
 
 SCALE_ROWS_PER_CHUNK = 4096
@@ -88,8 +90,16 @@ class ChainedProposer:
             fixed = self._fixed_bindings(state)
         carry = self._carry_0(pass_result, num_kept)  # [1, 1, W_C] currency
         table = self.table  # [V_E, W_E]
-        fused = seam.zeros(self._step_shape(table.shape[1], carry.shape[-1]), chain.currency,
-                           self.residency)  # [1, 1, W_F] currency, one buffer per proposal
+        cells = state.cells
+        plan = cells.proposer_plan if isinstance(cells, StaticCells) else None
+        if plan is not None:  # static caches: the request's plan, its small inputs rewritten
+            for port, value in fixed.items():
+                if port not in self.chain.borrowed:
+                    plan.write(port, value)
+            fused = plan.inputs[chain.fused_port]
+        else:
+            fused = seam.zeros(self._step_shape(table.shape[1], carry.shape[-1]),
+                               chain.currency, self.residency)  # [1, 1, W_F], per proposal
         last = pass_result.tokens[num_kept - 1]  # s: the last consumed token
         if not 0 <= last < table.shape[0]:
             raise ChainError(f"token {last} is outside the embedding table's {table.shape[0]} "
@@ -100,8 +110,15 @@ class ChainedProposer:
             with seam.write_batch():  # one step's fused input: concat(table[last], carry)
                 seam.scatter_into_last_axis(fused, seam.gather_rows(table, [last]), 0)
                 seam.scatter_into_last_axis(fused, carry, table.shape[1])
-            out = self.session.invoke({**fixed, chain.fused_port: fused},
-                                      [chain.logits_output, chain.carry_output])
+            if plan is not None:
+                out = plan.run()
+            else:
+                out = self.session.invoke({**fixed, chain.fused_port: fused},
+                                          [chain.logits_output, chain.carry_output])
+                if isinstance(cells, StaticCells):  # checked once; then planned
+                    plan = cells.proposer_plan = self._plan({**fixed, chain.fused_port: fused},
+                                                            out)
+                    fused = plan.inputs[chain.fused_port] if plan is not None else fused
             if j < k:
                 carry = self._step_carry(out[chain.carry_output])
             if j == 0:
@@ -114,6 +131,24 @@ class ChainedProposer:
                 probs.append(q)
         return Proposal(drafts, probs if state.sampler is not None else None,
                         num_invocations=k + 1, num_scored_rows=k)
+
+    def _plan(self, inputs: dict[str, Value], produced: dict[str, Value]) -> PassPlan:
+        """The drafter step's plan on static caches, made after its first (checked) step:
+        the borrowed ports bound to the target's buffers themselves (read in place, never
+        copied), a buffer of its own for every other input and output. Per proposal it then
+        writes ``position_ids`` and ``cache_lengths``; per step the fused input."""
+        seam, session = self.seam, self.session
+        buffers: dict[str, Value] = {}
+        with seam.write_batch():
+            for port, value in inputs.items():
+                if port in self.chain.borrowed:
+                    buffers[port] = value  # the target's buffer of the last layer
+                    continue
+                buffer = seam.zeros(value.shape, value.dtype, session.device)
+                buffers[port] = PassPlan._fill(session, port, buffer, value)
+            outputs = {port: seam.zeros(value.shape, value.dtype, session.output_residency)
+                       for port, value in produced.items()}
+        return PassPlan(session, buffers, outputs)
 
     def _carry_0(self, pass_result: PassResult, num_kept: int) -> Value:
         """Row ``num_kept − 1`` of the latest pass's seed output, in the chain residency."""
@@ -138,12 +173,21 @@ class ChainedProposer:
         assert pass_result is not None
         consumed = pass_result.start + num_kept  # C'
         fixed: dict[str, Value] = {}
-        for port, value_name in self.package.plan.proposer_inputs.items():
+        plan = self.package.plan
+        length_port = plan.static.kv_length_ports.get(plan.proposer or "") \
+            if plan.static is not None else None
+        for port, value_name in plan.proposer_inputs.items():
             if port == self.chain.fused_port:
                 continue
             cell = self.chain.borrowed.get(port)
             if cell is not None:  # a borrowed cache: the owner's output, rolled back to C'
+                # (static caches: the target's buffer itself, no copy; C' is its length)
                 fixed[port] = self.seam.adopt(state.cells[cell], self.residency)
+                continue
+            if port == length_port:  # static caches: the drafter sees slots [0, C')
+                dtype = self.session.ports.inputs[port].dtype
+                fixed[port] = self.seam.adopt(Value.host(
+                    np.full((1,), consumed, NUMPY_DTYPES[dtype]), dtype), self.residency)
                 continue
             value = pass_result.values.get(value_name)
             if value is None:

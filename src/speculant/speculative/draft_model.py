@@ -27,7 +27,7 @@ from speculant.text.tokenizer import load_tokenizer
 from speculant.workflow.options import GenerationOptions
 from speculant.workflow.request import Admitted, Request, admit_request
 from speculant.workflow.sampler import choose
-from speculant.workflow.state import DecodeState, empty_cells, set_control, truncate_cells
+from speculant.workflow.state import DecodeState, roll_back, set_control, start_cells
 from speculant.workflow.target_pass import TargetPass
 
 
@@ -82,24 +82,30 @@ class DraftModel:
         except RequestError as exc:
             raise RequestError(f"the draft model cannot take this request: {exc}",
                                path="draft", file=root) from exc
-        return DraftModelProposer(self, admitted)
+        cells = start_cells(self.seam, self.package, num_prompt=len(request.prompt_ids),
+                            max_new_tokens=options.max_new_tokens, k=k,
+                            residency=self.session.device, what="draft model's request")
+        return DraftModelProposer(self, admitted, cells)
 
 
 class DraftModelProposer:
     """One request's draft model: its caches (extent ``D`` on each sequence axis) and the
     tokens ``x[0..D)`` they hold."""
 
-    def __init__(self, model: DraftModel, admitted: Admitted) -> None:
+    def __init__(self, model: DraftModel, admitted: Admitted, cells: dict[str, Value]) -> None:
         self.model = model
         self.admitted = admitted
         self.controls: dict[str, Value] = dict(admitted.initial_controls)
-        self.cells: dict[str, Value] = empty_cells(model.package)
+        # empty cells, or its static buffers (allocated once; their length is D)
+        self.cells: dict[str, Value] = cells
         self.tokens: list[int] = []  # x[0..D): what the draft has consumed
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         """Up to ``k`` drafts, one draft-model pass each (capped by its own context)."""
         seam, runner = state.seam, self.model.runner
-        self._roll_back(min(len(self.tokens), state.consumed))  # D' = C + min(a, k_r)
+        # D' = C + min(a, k_r); the bytes it moves count in the decode's rollback_bytes_moved
+        state.stats.rollback_bytes_moved += self._roll_back(min(len(self.tokens),
+                                                                state.consumed)) or 0
         cap = self.admitted.context_cap
         if cap is not None:  # its caches may reach extent cap - 1, as the target's do
             k = min(k, cap - 1 - state.consumed)
@@ -109,7 +115,7 @@ class DraftModelProposer:
         for _ in range(max(k, 0)):
             draft_pass = runner.run(pending, len(self.tokens), self.cells, self.admitted,
                                     self.controls)
-            self.cells = dict(draft_pass.presents)
+            self.cells = draft_pass.presents  # static caches: the same buffers
             self.tokens += pending
             set_control(self.controls, "accepted_len", len(pending))
             row = seam.last_along_axis(draft_pass.logits, draft_pass.logits.rank - 2)  # [1,1,V]
@@ -121,9 +127,12 @@ class DraftModelProposer:
         return Proposal(drafts, probs if state.sampler is not None else None,
                         num_invocations=len(drafts), num_scored_rows=len(drafts))
 
-    def _roll_back(self, length: int) -> None:
-        """Keep the first ``length`` consumed positions (the draft's own rollback)."""
+    def _roll_back(self, length: int) -> int:
+        """Keep the first ``length`` consumed positions (the draft's own rollback); returns
+        the bytes it moved."""
         if length < len(self.tokens):
-            self.cells = truncate_cells(self.model.seam, self.model.package.plan, self.cells,
-                                        length)
+            self.cells, moved = roll_back(self.model.seam, self.model.package.plan, self.cells,
+                                          length)  # static caches: D = length, no byte moves
             del self.tokens[length:]
+            return moved
+        return 0

@@ -9,10 +9,11 @@ import numpy as np
 
 from speculant.errors import AdmissionError
 from speculant.package.package import Package
-from speculant.package.plan import LoadPlan
-from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
+from speculant.package.plan import CellPlan, LoadPlan
+from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.request import Admitted
 from speculant.workflow.sampler import Sampler
+from speculant.workflow.static_cells import StaticCells, request_capacity
 from speculant.workflow.stats import DecodeStats
 from speculant.workflow.stop_text import StopText
 from speculant.workflow.target_pass import PassResult
@@ -31,37 +32,64 @@ class RoundResult:
     num_proposer_rows: int = 0  # score rows the proposer reduced to a token
 
 
+def cell_shape(package: Package, cell: CellPlan, sequence_extent: int) -> list[int]:
+    """A cell's shape: ``sequence_extent`` on the group's sequence axis, 1 on the request
+    axis, the contract's fixed extents, and the owner graph's static extents for symbolic
+    axes."""
+    graph_inputs = {i.name: i for i in package.graphs[package.plan.target].graph.input}
+    contract = cell.contract
+    graph_dims = graph_inputs[cell.owner_input].type.tensor_type.shape.dim
+    shape = []
+    for axis, dim in enumerate(contract.dims):
+        if axis == cell.sequence_axis:
+            shape.append(sequence_extent)
+        elif contract.batch_layout.kind == "request_aligned" and \
+                axis == contract.batch_layout.axis:
+            shape.append(1)
+        elif isinstance(dim, int):
+            shape.append(dim)
+        elif axis < len(graph_dims) and graph_dims[axis].HasField("dim_value"):
+            shape.append(graph_dims[axis].dim_value)
+        else:
+            raise AdmissionError(
+                f"cell '{cell.name}' axis {axis} ({dim!r}) has no static extent in the "
+                f"contract or in input '{cell.owner_input}' of the target graph, so its "
+                "buffer cannot be built",
+                path=f"pipeline.workflow.state.{cell.name}.contract.shape.{axis}",
+                remedy="fix the extent in the contract or the graph")
+    return shape
+
+
 def empty_cells(package: Package) -> dict[str, Value]:
-    """Each cell as an empty host tensor: extent 1 on the request axis, 0 on the group's
-    sequence axis, the contract's fixed extents, and the owner graph's static extents for
-    symbolic axes."""
-    plan = package.plan
-    graph_inputs = {i.name: i for i in package.graphs[plan.target].graph.input}
-    cells = {}
-    for cell in plan.cells.values():
-        contract = cell.contract
-        graph_dims = graph_inputs[cell.owner_input].type.tensor_type.shape.dim
-        shape = []
-        for axis, dim in enumerate(contract.dims):
-            if axis == cell.sequence_axis:
-                shape.append(0)
-            elif contract.batch_layout.kind == "request_aligned" and \
-                    axis == contract.batch_layout.axis:
-                shape.append(1)
-            elif isinstance(dim, int):
-                shape.append(dim)
-            elif axis < len(graph_dims) and graph_dims[axis].HasField("dim_value"):
-                shape.append(graph_dims[axis].dim_value)
-            else:
-                raise AdmissionError(
-                    f"cell '{cell.name}' axis {axis} ({dim!r}) has no static extent in the "
-                    f"contract or in input '{cell.owner_input}' of the target graph, so its "
-                    "empty starting value cannot be built",
-                    path=f"pipeline.workflow.state.{cell.name}.contract.shape.{axis}",
-                    remedy="fix the extent in the contract or the graph")
-        cells[cell.name] = Value.host(np.zeros(shape, NUMPY_DTYPES[contract.dtype]),
-                                      contract.dtype)
-    return cells
+    """Each cell as an empty host tensor (appended caches: extent 0 on the sequence axis)."""
+    return {name: Value.host(np.zeros(cell_shape(package, cell, 0),
+                                      NUMPY_DTYPES[cell.contract.dtype]), cell.contract.dtype)
+            for name, cell in package.plan.cells.items()}
+
+
+def start_cells(seam: TensorSeam, package: Package, *, num_prompt: int, max_new_tokens: int,
+                k: int, residency: str = HOST, what: str = "request") -> dict[str, Value]:
+    """A request's caches before its prefill: empty cells (appended), or the static buffers
+    allocated once at the request's capacity in ``residency`` (:mod:`static_cells`)."""
+    if package.plan.static is None:
+        return empty_cells(package)
+    capacity = request_capacity(package.plan, num_prompt, max_new_tokens, k, what=what)
+    buffers = {name: seam.zeros(cell_shape(package, cell, capacity), cell.contract.dtype,
+                                residency) for name, cell in package.plan.cells.items()}
+    return StaticCells(buffers, capacity)
+
+
+def roll_back(seam: TensorSeam, plan: LoadPlan, cells: dict[str, Value], length: int
+              ) -> tuple[dict[str, Value], int]:
+    """Rollback to ``length`` consumed positions, and the bytes it moved: static caches keep
+    their buffers (the length is the caller's ``C``: zero bytes); appended caches are cut by
+    :func:`truncate_cells` (a copy wherever the cut is strided, counted)."""
+    if isinstance(cells, StaticCells):
+        return cells, 0
+    kept = truncate_cells(seam, plan, cells, length)
+    moved = sum(kept[name].nbytes for name in plan.rollback_state
+                if kept[name] is not cells[name] and kept[name].owner is not cells[name])
+    return kept, moved
 
 
 def truncate_cells(seam: TensorSeam, plan: LoadPlan, cells: Mapping[str, Value],
@@ -126,12 +154,15 @@ class DecodeState:
     @classmethod
     def start(cls, seam: TensorSeam, package: Package, rules: StopRules, admitted: Admitted,
               prompt_ids: Iterable[int], *, sampler: Sampler | None = None,
-              text: StopText | None = None) -> DecodeState:
-        """The state before the prefill: empty caches, the admitted controls."""
+              text: StopText | None = None, k: int = 0, residency: str = HOST
+              ) -> DecodeState:
+        """The state before the prefill: empty caches (static caches: the buffers, allocated
+        once in ``residency`` for a request of width up to ``k``), the admitted controls."""
         tokens = [int(t) for t in prompt_ids]
-        return cls(seam, package.plan, rules, admitted, tokens, len(tokens),
-                   empty_cells(package), dict(admitted.initial_controls), sampler=sampler,
-                   text=text)
+        cells = start_cells(seam, package, num_prompt=len(tokens),
+                            max_new_tokens=rules.max_new_tokens, k=k, residency=residency)
+        return cls(seam, package.plan, rules, admitted, tokens, len(tokens), cells,
+                   dict(admitted.initial_controls), sampler=sampler, text=text)
 
     @classmethod
     def after_pass(cls, seam: TensorSeam, plan: LoadPlan, admitted: Admitted,
@@ -141,7 +172,7 @@ class DecodeState:
         ``C = start + num_kept``; ``tokens`` is the stream ``x[0..C]``, pending token last."""
         stream = [int(t) for t in tokens]
         consumed = pass_result.start + num_kept
-        cells = truncate_cells(seam, plan, pass_result.presents, consumed)
+        cells, _ = roll_back(seam, plan, pass_result.presents, consumed)
         return cls(seam, plan, rules or StopRules(1, frozenset(), None), admitted, stream,
                    len(stream), cells, dict(admitted.initial_controls), consumed=consumed,
                    latest=pass_result, num_kept=num_kept)
@@ -223,14 +254,21 @@ class DecodeState:
     def advance(self, pass_result: PassResult, num_kept: int) -> None:
         """Adopt the pass's caches for its first ``num_kept`` positions: C' = C0 + num_kept.
 
-        The target's rollback (through :func:`truncate_cells`): every ``rollback_state`` cell
+        The target's rollback (through :func:`roll_back`): every ``rollback_state`` cell
         is truncated along its group's sequence axis to ``C0 + num_kept`` — never one more:
         that position holds a rejected draft, and the correction now pending is consumed
-        there next pass.
+        there next pass. Static caches keep their buffers: the rollback is the length
+        ``C ← C0 + num_kept`` alone (``stats.rollback_bytes_moved`` stays 0).
         """
         new_consumed = pass_result.start + num_kept
-        self.cells = (truncate_cells(self.seam, self.plan, pass_result.presents, new_consumed)
-                      if num_kept < len(pass_result.tokens) else dict(pass_result.presents))
-        self.consumed = new_consumed
+        if num_kept < len(pass_result.tokens):
+            self.cells, moved = roll_back(self.seam, self.plan, pass_result.presents,
+                                          new_consumed)
+            self.stats.rollback_bytes_moved += moved
+        elif isinstance(pass_result.presents, StaticCells):
+            self.cells = pass_result.presents  # the buffers themselves
+        else:
+            self.cells = dict(pass_result.presents)
+        self.consumed = new_consumed  # static caches: L = C + a, nothing else
         self.latest, self.num_kept = pass_result, num_kept
         set_control(self.controls, "accepted_len", num_kept)

@@ -21,6 +21,7 @@ class DecodeStats:
     rollbacks: int = 0  # rounds with a_r <= k_r (a correction)
     rolled_back_positions: int = 0  # sum over rollbacks of (k_r + 1 - a_r)
     rolled_back_cells: int = 0  # rollbacks x len(rollback_state)
+    rollback_bytes_moved: int = 0  # bytes rollback copied (truncation); 0 for static caches
     proposer_invocations: int = 0  # k_r + 1 per round (chained), k_r (draft model), 0 (lookup)
     argmax_rows: int = 0  # score rows reduced to a token id by argmax (greedy)
     sampled_rows: int = 0  # score rows turned into T(row) and drawn from or verified against

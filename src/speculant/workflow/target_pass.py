@@ -17,9 +17,11 @@ from speculant.errors import ContractError
 from speculant.package.model import Document, WorkflowInput
 from speculant.package.plan import LoadPlan
 from speculant.session.contracts import SymbolTable
+from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
 from speculant.tensors import NUMPY_DTYPES, Value
 from speculant.workflow.request import Admitted, literal_value
+from speculant.workflow.static_cells import StaticCells
 
 
 @dataclass
@@ -69,6 +71,16 @@ class AttentionMask:
 
 
 @dataclass(frozen=True)
+class CacheLengths:
+    """L = C0, the valid length of static caches before the pass [1]."""
+
+    dtype: str
+
+    def value(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value]) -> Value:
+        return Value.host(np.full((1,), start, dtype=NUMPY_DTYPES[self.dtype]), self.dtype)
+
+
+@dataclass(frozen=True)
 class CellValue:
     """A state cell's current value (extent C0 on its sequence axis)."""
 
@@ -78,9 +90,9 @@ class CellValue:
         return cells[self.cell]
 
 
-DriverSource = TokenIds | PositionIds | AttentionMask | CellValue
+DriverSource = TokenIds | PositionIds | AttentionMask | CacheLengths | CellValue
 ROLE_SOURCES = {"token_ids": TokenIds, "position_ids": PositionIds,
-                "attention_mask": AttentionMask}
+                "attention_mask": AttentionMask, "cache_lengths": CacheLengths}
 CELL_PREFIX = "cell:"  # how package/plan.py spells a cell in LoadPlan.driver_bound
 
 
@@ -142,7 +154,10 @@ class TargetPass:
     def run(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value],
             admitted: Admitted, controls: Mapping[str, Value]) -> PassResult:
         """One pass over ``tokens`` from position ``start`` with the caches ``cells`` and the
-        serving ``controls`` as they stand (the decode state's)."""
+        serving ``controls`` as they stand (the decode state's). Static caches
+        (:class:`StaticCells`) run through the plan of the block's width."""
+        if isinstance(cells, StaticCells):
+            return run_static(self, tokens, start, cells, admitted, controls)
         n = len(tokens)
         values, symbols = self.bind(tokens, start, cells, admitted, controls)
         produced = self.session.invoke(self.port_values(values), list(self.plan.target_outputs),
@@ -165,3 +180,66 @@ class TargetPass:
             presents[cell.name] = present
         return PassResult(start, tuple(tokens), values, produced[self.logits_port],
                           produced.get(self.seed_port) if self.seed_port else None, presents)
+
+
+def run_static(target: TargetPass, tokens: Sequence[int], start: int, cells: StaticCells,
+               admitted: Admitted, controls: Mapping[str, Value]) -> PassResult:
+    """A pass on static caches (docs/design/static-cache.md): the plan of width ``n`` binds
+    every cell's buffer as both its past and its present; the pass writes only the driver's
+    small inputs (``input_ids``, ``position_ids``, ``cache_lengths``) and the serving
+    controls into the plan's buffers, runs, and the graph writes slots ``[C0, C0 + n)`` of
+    each buffer in place. The first pass of a width is checked at package scope and makes
+    the plan (:func:`static_plan`); later ones are not checked again."""
+    n = len(tokens)
+    if start + n > cells.capacity:
+        raise ContractError(f"a pass over {n} token(s) at C0={start} writes past the static "
+                            f"caches' capacity {cells.capacity}", value=start + n,
+                            expected=f"C0 + n <= {cells.capacity}")
+    plan = cells.plans.get(n)
+    values: dict[str, Value] = {}
+    for value_name, source in target.driver_sources:
+        if not isinstance(source, CellValue):
+            values[value_name] = source.value(tokens, start, cells)
+    values.update({target.plan.serving[c]: v for c, v in controls.items()})
+    if plan is None:
+        plan = cells.plans[n] = static_plan(target, tokens, start, cells, admitted, controls)
+    else:
+        for port, value_name in target.plan.target_inputs.items():
+            if value_name in values:
+                plan.write(port, values[value_name])
+    produced = plan.run()
+    for port, value in produced.items():
+        values[target.plan.target_outputs[port]] = value
+    return PassResult(start, tuple(tokens), values, produced[target.logits_port],
+                      produced.get(target.seed_port) if target.seed_port else None, cells)
+
+
+def static_plan(target: TargetPass, tokens: Sequence[int], start: int, cells: StaticCells,
+                admitted: Admitted, controls: Mapping[str, Value]) -> PassPlan:
+    """The plan of width ``len(tokens)``: the inputs checked against their contracts, each
+    cell's buffer bound to its past and its present port, a buffer of its own for every
+    other input (filled with this pass's value) and output (its contract's shape)."""
+    plan = target.plan
+    values, symbols = target.bind(tokens, start, cells, admitted, controls)
+    session = target.session
+    seam = session.seam
+    present_of = {cell.owner_output: cell.name for cell in plan.cells.values()}
+    buffers: dict[str, Value] = {}
+    with seam.write_batch():
+        for port, value_name in plan.target_inputs.items():
+            value = values[value_name]
+            if value_name in plan.driver_bound and \
+                    plan.driver_bound[value_name].startswith(CELL_PREFIX):
+                buffers[port] = value  # the cell's buffer itself
+                continue
+            buffer = seam.zeros(value.shape, value.dtype, session.device)
+            buffers[port] = PassPlan._fill(session, port, buffer, value)
+        outputs = {}
+        for port in plan.target_outputs:
+            if port in present_of:
+                outputs[port] = cells[present_of[port]]  # present = past: one buffer
+                continue
+            contract = session.ports.outputs[port]
+            outputs[port] = seam.zeros(symbols.resolve(contract, port), contract.dtype,
+                                       session.output_residency)
+    return PassPlan(session, buffers, outputs)

@@ -1,0 +1,48 @@
+"""A request's static caches: one buffer per cell, allocated once, written in place.
+
+For a package whose caches are fixed-capacity (``LoadPlan.static``,
+docs/design/static-cache.md) the decode state holds a :class:`StaticCells` instead of the
+appended form's growing cells: each cell is one buffer ``[1, KV, capacity, d]`` in the
+target's residency, whose slots ``[0, L)`` are valid, ``L`` being the consumed count. A pass
+writes its block at ``[L, L + n)`` in place (the target's past and present bound to the same
+buffer) and rollback is ``L ← C + a``: zero bytes move. The pass plans of the target (one per
+block width, `session/plan.py`) live here too, since they bind these buffers.
+"""
+
+from __future__ import annotations
+
+from speculant.errors import RequestError
+from speculant.package.plan import LoadPlan
+from speculant.session.plan import PassPlan
+from speculant.tensors import Value
+
+
+class StaticCells(dict[str, Value]):
+    """cell -> its buffer ``[1, ..., capacity, ...]`` (fixed for the request's life), with the
+    capacity and the pass plans that bind the buffers, by block width."""
+
+    def __init__(self, buffers: dict[str, Value], capacity: int) -> None:
+        super().__init__(buffers)
+        self.capacity = capacity
+        self.plans: dict[int, PassPlan] = {}  # block width n -> the target's plan
+        self.proposer_plan: PassPlan | None = None  # the chained drafter's step, one width
+
+
+def request_capacity(plan: LoadPlan, num_prompt: int, max_new_tokens: int, k: int, *,
+                     what: str = "request") -> int:
+    """The capacity a request's buffers get: its bound ``P + max_new_tokens + k + 1``
+    (every slot it can write, with room for a last verify block), which must not exceed the
+    package's ``update.capacity``; a RequestError naming the numbers otherwise."""
+    assert plan.static is not None
+    bound = num_prompt + max_new_tokens + k + 1
+    largest = plan.static.capacity
+    if largest is not None and bound > largest:
+        raise RequestError(
+            f"the {what} needs {bound} cache slots (prompt {num_prompt} + max_new_tokens "
+            f"{max_new_tokens} + k {k} + 1) but the package's static caches hold at most "
+            f"{plan.static.capacity_input} = {largest}", path="max_new_tokens",
+            value=bound, expected=f"prompt + max_new_tokens + k + 1 <= {largest}",
+            remedy=f"lower max_new_tokens to at most {max(largest - num_prompt - k - 1, 0)}, "
+            "shorten the prompt, or lower k")
+    return bound
+
