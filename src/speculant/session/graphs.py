@@ -27,7 +27,11 @@
 * ORT's protocol: all inputs and outputs at fixed device addresses (the plan's buffers; new
   values are copied *into* them by ``plan.write``), the first run of a graph id captures (ORT
   runs it for its allocations, captures, then replays once, all inside that one run), later
-  runs replay. A pass is idempotent (the static form writes the same slots ``[L, L + n)`` from
+  runs replay. ORT keeps every captured graph for the session's life and an id is bound to
+  the addresses it captured, so ids are never reused: plans (and the buffers they bind) are
+  to be made once per engine and width, not per request; a session hands out at most
+  :data:`MAX_GRAPHS` ids, after which plans run eagerly and ``describe`` says so. A pass is
+  idempotent (the static form writes the same slots ``[L, L + n)`` from
   the same inputs), so ORT's extra runs inside the capture change nothing.
 
 **Counters** (the seam's :class:`~speculant.tensors.backend.ResidencyCounters`, which every
@@ -44,6 +48,7 @@ from speculant.errors import ResidencyError
 from speculant.tensors import HOST
 
 EAGER_ID = -1  # ORT's gpu_graph_id for "run without capture or replay"
+MAX_GRAPHS = 64  # graph ids per session: ORT keeps every captured graph for the session's life
 SETTINGS = (True, False, "auto")
 
 
@@ -91,13 +96,31 @@ class GraphCapture:
     is_enabled: bool
     reason: str = ""  # why eager
     num_ids: int = 0
+    max_ids: int = MAX_GRAPHS
     _options: dict[int, Any] = field(default_factory=dict, repr=False)
 
     def describe(self) -> str:
-        return "captured per width, replayed" if self.is_enabled else f"eager ({self.reason})"
+        if not self.is_enabled:
+            return f"eager ({self.reason})"
+        if self.is_spent:
+            return (f"captured per width, replayed; {self.budget_reason} (later plans run "
+                    "eagerly)")
+        return "captured per width, replayed"
+
+    @property
+    def is_spent(self) -> bool:
+        return self.num_ids >= self.max_ids
+
+    @property
+    def budget_reason(self) -> str:
+        return (f"graph budget of {self.max_ids} per session spent (a plan per width should "
+                "be made once per engine, not per request)")
 
     def new_id(self) -> int:
-        """A fresh ``gpu_graph_id`` for one plan (never reused within the session)."""
+        """A fresh ``gpu_graph_id`` for one plan, never reused within the session (ORT would
+        replay the old graph's addresses); :data:`EAGER_ID` once :attr:`max_ids` are out."""
+        if self.is_spent:
+            return EAGER_ID
         graph_id = self.num_ids
         self.num_ids += 1
         return graph_id

@@ -39,7 +39,8 @@ told of each run, as of an invocation.
 **CUDA graphs** (``session/graphs.py``): on a session created for capture each plan gets a
 ``gpu_graph_id`` of its own (``plan.graph_id``); its first run captures the graph (counted in
 the seam's ``graph_captures``), every later run replays it (``graph_replays``). Elsewhere,
-or where a buffer of the plan lives on the host, ``graph_id`` is -1 and
+or where a buffer of the plan lives off the session's device (a zero-size buffer is a host
+value), ``graph_id`` is -1 and
 ``plan.eager_reason`` says why. A plan per width is thus a graph per width.
 """
 
@@ -54,7 +55,7 @@ from speculant.errors import ContractError, ResidencyError
 from speculant.session.binding import bind_input, bind_output, run_bound
 from speculant.session.graphs import EAGER_ID
 from speculant.session.session import ComponentSession, Invocation
-from speculant.tensors import HOST, NUMPY_DTYPES, Value
+from speculant.tensors import NUMPY_DTYPES, Value
 
 
 class PassPlan:
@@ -76,15 +77,17 @@ class PassPlan:
                         seam.backend(buffer.residency))
         self.num_runs = 0
         graphs = session.graphs
-        on_host = sorted(port for port, buffer in {**inputs, **outputs}.items()
-                         if buffer.residency == HOST)
+        elsewhere = sorted(port for port, buffer in {**inputs, **outputs}.items()
+                           if buffer.residency != session.device)
         if not graphs.is_enabled:
             self.graph_id, self.eager_reason = EAGER_ID, graphs.reason
-        elif on_host:
+        elif elsewhere:
             self.graph_id = EAGER_ID
-            self.eager_reason = f"{', '.join(on_host)} bound to host memory (not capturable)"
+            self.eager_reason = (f"{', '.join(elsewhere)} not in {session.device} memory (a "
+                                 "graph captures device addresses only)")
         else:
-            self.graph_id, self.eager_reason = graphs.new_id(), ""
+            self.graph_id = graphs.new_id()
+            self.eager_reason = "" if self.graph_id != EAGER_ID else graphs.budget_reason
         self.run_options = graphs.run_options(self.graph_id)  # None on an eager session
         self.is_captured = False
 

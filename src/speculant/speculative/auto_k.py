@@ -11,8 +11,9 @@ default k, within its bound), with the measured
   ``propose``, over the drafts it returned; moving average);
 * ``t_verify(n)``: seconds of a target pass over ``n`` tokens (the target session's observer,
   so every run through ``invoke`` or a ``PassPlan`` counts; moving average per width; a width
-  not measured yet is read off the least-squares line through the measured widths, flat
-  while one width is measured, :data:`UNMEASURED_SECONDS` while none is),
+  not measured yet is read off the least-squares line through the measured widths (never
+  below the cheapest measured; their mean where the line falls), flat while one width is
+  measured, :data:`UNMEASURED_SECONDS` while none is),
 
 the round runs at the ``k`` that maximizes the expected committed tokens per second
 
@@ -98,8 +99,8 @@ class WidthCosts:
             widths, seconds = np.array(measured, dtype=np.float64).T
             slope, intercept = np.polyfit(widths, seconds, 1)
             floor = float(seconds.min())
-            fitted = [max(floor, float(intercept + max(slope, 0.0) * n))
-                      for n in range(1, max_width + 1)]
+            fitted = ([max(floor, float(intercept + slope * n)) for n in range(1, max_width + 1)]
+                      if slope > 0 else [float(seconds.mean())] * max_width)
         return [self.verify.get(n, fitted[n - 1]) for n in range(1, max_width + 1)]
 
     def verify_observer(self, roles: Mapping[str, str], max_width: int = 64) -> Observer:
