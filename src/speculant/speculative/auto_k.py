@@ -1,29 +1,34 @@
 """k that picks itself (issue 12 item 5): ``k="auto"`` chooses each round's width from what
 the runtime measures.
 
-**The rule.** Before each proposal, for every width ``k`` in ``1 … K`` (``K`` = the kind's
+**The rule.** Before each proposal, for every width ``k`` in ``0 … K`` (``K`` = the kind's
 default k, within its bound), with the measured
 
 * ``p_i``: acceptance of the draft at block position ``i`` *given* the drafts before it were
   accepted (an exponential moving average per position, weight :data:`SMOOTHING` per round
   that reached the position, starting at :data:`PRIOR_ACCEPTANCE`);
-* ``t_draft``: seconds per draft of this proposer kind (the wall clock around its
-  ``propose``, over the drafts it returned; moving average);
+* ``t_propose(k)``: seconds this proposer kind takes to propose ``k`` drafts (the wall clock
+  around its ``propose``; a chained drafter's bootstrap step makes it ``t_0 + k · t_step``
+  rather than ``k · t_draft``), ``t_propose(0) = 0``;
 * ``t_verify(n)``: seconds of a target pass over ``n`` tokens (the target session's observer,
-  so every run through ``invoke`` or a ``PassPlan`` counts; moving average per width; a width
-  not measured yet is read off the least-squares line through the measured widths (never
-  below the cheapest measured; their mean where the line falls), flat while one width is
-  measured, :data:`UNMEASURED_SECONDS` while none is),
+  so every run through ``invoke`` or a ``PassPlan`` counts);
 
-the round runs at the ``k`` that maximizes the expected committed tokens per second
+each a moving average per width (:class:`WidthTable`; a width not measured yet is read off
+the least-squares line through the measured widths, never below the cheapest measured, their
+mean where the line falls, flat while one width is measured; :data:`UNMEASURED_SECONDS` for a
+verify and 0 for a proposal while none is), the round runs at the ``k`` that maximizes the
+expected committed tokens per second
 
-    rate(k) = E[a | k] / (k · t_draft + t_verify(k + 1)),   E[a | k] = 1 + Σ_{j≤k} Π_{i≤j} p_i
+    rate(k) = E[a | k] / (t_propose(k) + t_verify(k + 1)),   E[a | k] = 1 + Σ_{j≤k} Π_{i≤j} p_i
 
 (``a``: tokens committed by the round, the correction or bonus included; ties go to the
-smaller k). :func:`best_k` is that rule as a pure function of its numbers: deterministic given
-them. The round is still exact: the controller changes only the width, and every width is
-verified by the target (greedy output stays bit for bit greedy; sampling stays distributed as
-the target's, though the draws themselves depend on the widths chosen).
+smaller k). ``k = 0`` is a greedy step (drafting does not pay); after :data:`PROBE_EVERY`
+greedy steps in a row the controller proposes one draft again, so the acceptance it reads
+stays measured. :func:`best_k` is that rule as a pure function of its numbers: deterministic
+given them. The round is still exact: the controller changes only the width, and every width
+is verified by the target (greedy output stays bit for bit greedy; sampling stays distributed
+as the target's, though with measured costs the draws depend on the widths chosen: fix ``k``
+for draw-for-draw reproducible sampling).
 
 The anchors: Hugging Face transformers' ``num_assistant_tokens_schedule="heuristic"`` (+2
 drafts after a full accept, −1 otherwise) adapts on acceptance alone; SGLang serves fixed
@@ -47,6 +52,7 @@ AUTO = "auto"
 SMOOTHING = 0.3  # weight of one new observation in every moving average
 PRIOR_ACCEPTANCE = 0.6  # p_i before any round reached position i
 UNMEASURED_SECONDS = 1.0  # t_verify while no pass was measured (flat: widths look free)
+PROBE_EVERY = 8  # greedy steps in a row before one draft is proposed again
 
 
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
@@ -58,13 +64,14 @@ def expected_tokens(acceptance: Sequence[float], k: int) -> float:
     return total
 
 
-def best_k(acceptance: Sequence[float], draft_seconds: float,
+def best_k(acceptance: Sequence[float], propose_seconds: Sequence[float],
            verify_seconds: Sequence[float]) -> int:
-    """The width in ``1 … len(acceptance)`` with the most expected tokens per second;
-    ``verify_seconds[n - 1]`` is a pass over ``n`` tokens (``len(acceptance) + 1`` entries)."""
-    best, best_rate = 1, -1.0
-    for k in range(1, len(acceptance) + 1):
-        seconds = k * draft_seconds + verify_seconds[k]
+    """The width in ``0 … len(acceptance)`` with the most expected tokens per second;
+    ``propose_seconds[k]`` proposes ``k`` drafts, ``verify_seconds[n - 1]`` is a pass over
+    ``n`` tokens (``len(acceptance) + 1`` entries each)."""
+    best, best_rate = 0, -1.0
+    for k in range(len(acceptance) + 1):
+        seconds = (propose_seconds[k] if k else 0.0) + verify_seconds[k]
         rate = expected_tokens(acceptance, k) / seconds if seconds > 0 else float("inf")
         if rate > best_rate:
             best, best_rate = k, rate
@@ -76,32 +83,48 @@ def _moving(old: float | None, new: float) -> float:
 
 
 @dataclass
+class WidthTable:
+    """Measured seconds by width (moving averages), and the widths not measured yet."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, width: int, seconds: float) -> None:
+        self.seconds[width] = _moving(self.seconds.get(width), seconds)
+
+    def at(self, widths: range, unmeasured: float) -> list[float]:
+        """Seconds at each of ``widths``: measured, else the fitted line (see the module)."""
+        measured = sorted(self.seconds.items())
+        if not measured:
+            return [unmeasured] * len(widths)
+        if len(measured) == 1:
+            fitted = {n: measured[0][1] for n in widths}
+        else:
+            points, seconds = np.array(measured, dtype=np.float64).T
+            slope, intercept = np.polyfit(points, seconds, 1)
+            floor = float(seconds.min())
+            fitted = {n: max(floor, float(intercept + slope * n)) if slope > 0
+                      else float(seconds.mean()) for n in widths}
+        return [self.seconds.get(n, fitted[n]) for n in widths]
+
+
+@dataclass
 class WidthCosts:
-    """The engine's measured costs: a target pass per width, a draft per proposer kind."""
+    """The engine's measured costs: a target pass per width, a proposal per kind and width."""
 
-    verify: dict[int, float] = field(default_factory=dict)  # n -> seconds of a pass over n
-    draft: dict[str, float] = field(default_factory=dict)  # kind -> seconds per draft
-
-    def observe_verify(self, width: int, seconds: float) -> None:
-        self.verify[width] = _moving(self.verify.get(width), seconds)
-
-    def observe_draft(self, kind: str, seconds_per_draft: float) -> None:
-        self.draft[kind] = _moving(self.draft.get(kind), seconds_per_draft)
+    verify: WidthTable = field(default_factory=WidthTable)  # n tokens -> seconds of a pass
+    propose: dict[str, WidthTable] = field(default_factory=dict)  # kind -> k -> seconds
 
     def verify_seconds(self, max_width: int) -> list[float]:
-        """``t_verify(n)`` for ``n = 1 … max_width``: measured, else the fitted line."""
-        measured = sorted(self.verify.items())
-        if not measured:
-            return [UNMEASURED_SECONDS] * max_width
-        if len(measured) == 1:
-            fitted = [measured[0][1]] * max_width
-        else:
-            widths, seconds = np.array(measured, dtype=np.float64).T
-            slope, intercept = np.polyfit(widths, seconds, 1)
-            floor = float(seconds.min())
-            fitted = ([max(floor, float(intercept + slope * n)) for n in range(1, max_width + 1)]
-                      if slope > 0 else [float(seconds.mean())] * max_width)
-        return [self.verify.get(n, fitted[n - 1]) for n in range(1, max_width + 1)]
+        """``t_verify(n)`` for ``n = 1 … max_width``."""
+        return self.verify.at(range(1, max_width + 1), UNMEASURED_SECONDS)
+
+    def propose_seconds(self, kind: str, max_k: int) -> list[float]:
+        """``t_propose(k)`` for ``k = 0 … max_k`` (0 at k = 0)."""
+        table = self.propose.get(kind, WidthTable())
+        return [0.0, *table.at(range(1, max_k + 1), 0.0)]
+
+    def observe_proposal(self, kind: str, k: int, seconds: float) -> None:
+        self.propose.setdefault(kind, WidthTable()).observe(k, seconds)
 
     def verify_observer(self, roles: Mapping[str, str], max_width: int = 64) -> Observer:
         """An observer for the target session: each run over ``n <= max_width`` tokens (the
@@ -111,7 +134,7 @@ class WidthCosts:
         def observe(call: Invocation) -> None:
             value = call.inputs.get(token_port) if token_port is not None else None
             if value is not None and value.rank and 0 < value.shape[-1] <= max_width:
-                self.observe_verify(int(value.shape[-1]), call.seconds)
+                self.verify.observe(int(value.shape[-1]), call.seconds)
 
         return observe
 
@@ -122,6 +145,7 @@ class WidthController:
 
     max_k: int
     acceptance: list[float] = field(default_factory=list)
+    num_greedy_in_a_row: int = 0
 
     def __post_init__(self) -> None:
         if not self.acceptance:
@@ -136,13 +160,18 @@ class WidthController:
             self.acceptance[i] = _moving(self.acceptance[i], 1.0 if is_accepted else 0.0)
 
     def choose(self, costs: WidthCosts, kind: str) -> int:
-        return best_k(self.acceptance, costs.draft.get(kind, 0.0),
-                      costs.verify_seconds(self.max_k + 1))
+        k = best_k(self.acceptance, costs.propose_seconds(kind, self.max_k),
+                   costs.verify_seconds(self.max_k + 1))
+        if k == 0 and self.num_greedy_in_a_row >= PROBE_EVERY:
+            k = 1  # a probe: keep the acceptance measured
+        self.num_greedy_in_a_row = self.num_greedy_in_a_row + 1 if k == 0 else 0
+        return k
 
 
 class AutoWidthProposer:
     """A proposer at the width the controller picks each round (never above the round's
-    cap): it learns the last round's outcome from the decode's trace, times ``propose``."""
+    cap; 0: no drafts, the round is a greedy step): it learns the last round's outcome from
+    the decode's trace and times ``propose``."""
 
     def __init__(self, inner: Proposer, kind: str, controller: WidthController,
                  costs: WidthCosts) -> None:
@@ -157,8 +186,10 @@ class AutoWidthProposer:
         self._num_rounds_seen = len(trace)
         width = min(k, self.controller.choose(self.costs, self.kind))
         self.chosen.append(width)
+        if width == 0:
+            return Proposal()  # drafting does not pay now: a greedy step
         started = time.perf_counter()
         proposal = self.inner.propose(state, width)
         if proposal.k:
-            self.costs.observe_draft(self.kind, (time.perf_counter() - started) / proposal.k)
+            self.costs.observe_proposal(self.kind, proposal.k, time.perf_counter() - started)
         return proposal
