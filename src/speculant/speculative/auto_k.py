@@ -38,11 +38,10 @@ uses both the acceptance and the measured cost of each width, online.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from speculant.session.session import Invocation, Observer
 from speculant.speculative.proposal import Proposal, Proposer
@@ -98,12 +97,12 @@ class WidthTable:
             return [unmeasured] * len(widths)
         if len(measured) == 1:
             fitted = {n: measured[0][1] for n in widths}
-        else:
-            points, seconds = np.array(measured, dtype=np.float64).T
-            slope, intercept = np.polyfit(points, seconds, 1)
-            floor = float(seconds.min())
-            fitted = {n: max(floor, float(intercept + slope * n)) if slope > 0
-                      else float(seconds.mean()) for n in widths}
+        else:  # a handful of points: the stdlib's least squares, microseconds a round
+            points, seconds = zip(*measured, strict=True)
+            slope, intercept = statistics.linear_regression(points, seconds)
+            floor, mean = min(seconds), statistics.fmean(seconds)
+            fitted = {n: max(floor, intercept + slope * n) if slope > 0 else mean
+                      for n in widths}
         return [self.seconds.get(n, fitted[n]) for n in widths]
 
 
