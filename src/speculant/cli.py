@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from importlib import import_module, resources
 from importlib.metadata import PackageNotFoundError, entry_points
 from importlib.metadata import version as package_version
@@ -56,9 +57,9 @@ ProposerOpt = Annotated[str | None, typer.Option(help=PROPOSER_HELP)]
 DraftOpt = Annotated[Path | None, typer.Option(help="Draft-model package (a greedy decoder with "
                                                     "the target's vocabulary); implies "
                                                     "--proposer draft.")]
-KOpt = Annotated[int | None, typer.Option(help="Drafts per round (default: the proposer kind's "
-                                               "bound: max_proposal_width for chained, the "
-                                               "target's rollback_positions otherwise).")]
+KOpt = Annotated[str, typer.Option(help="Drafts per round: auto (picked each round from the "
+                                         "measured acceptance and pass costs, up to the "
+                                         "proposer kind's bound) or a number.")]
 Temperature = Annotated[float, typer.Option(help="0: greedy; above 0: sample (the output "
                                                  "follows the target's distribution).")]
 TopK = Annotated[int, typer.Option(help="Sample among the k most probable ids (0: all).")]
@@ -102,12 +103,14 @@ def load_engine(package: Path | None, device: str, draft: Path | None, threads: 
 
 
 def options_of(max_new_tokens: int, speculative: bool, proposer: str | None,
-               draft: Path | None, k: int | None, temperature: float, top_k: int,
+               draft: Path | None, k: str | int | None, temperature: float, top_k: int,
                top_p: float, min_p: float, seed: int, stop: list[str] | None):
     from speculant.workflow.options import GenerationOptions
 
     if proposer is None and draft is not None:
         proposer = "draft"  # --draft PATH alone: decode with that draft model
+    if isinstance(k, str) and k.strip().isdigit():
+        k = int(k)  # --k 4; anything but a number or "auto" is refused by the options
     return GenerationOptions.of(max_new_tokens=max_new_tokens, proposer=proposer, k=k,
                                 temperature=temperature, top_k=top_k, top_p=top_p,
                                 min_p=min_p, seed=seed, stop=tuple(stop or ()),
@@ -259,12 +262,20 @@ def print_stats(run_stats) -> None:
     if by_position:
         stderr.print("acceptance by position: " + "  ".join(
             f"{i + 1}:{rate:.2f}" for i, rate in enumerate(by_position)), highlight=False)
+    if run_stats.trace:  # the widths the rounds ran at (k="auto" picks them per round)
+        widths = Counter(k for k, _ in run_stats.trace)
+        stderr.print("rounds by width: " + "  ".join(f"k={k}:{n}"
+                                                     for k, n in sorted(widths.items())),
+                     highlight=False)
+    if run_stats.cuda_graphs is not None:
+        stderr.print(f"cuda graphs: {run_stats.cuda_graphs}", highlight=False)
     table = Table(title="counters", show_header=False)
     for key, value in run_stats.as_dict().items():
         if key in ("trace", "proposed_at", "accepted_at", "acceptance_by_position",
-                   "mean_accepted_length", "residency"):
+                   "mean_accepted_length", "residency", "cuda_graphs"):
             continue
         table.add_row(key, str(value))
+
     for key, value in run_stats.residency.items():
         table.add_row(key, str(value))
     stderr.print(table)

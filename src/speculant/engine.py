@@ -17,11 +17,14 @@ import numpy as np
 
 from speculant.errors import RequestError
 from speculant.generation import Decode, Generation, Stream, Turns
+from speculant.package.common import groups_of
 from speculant.package.package import Package
+from speculant.session.graphs import decide
 from speculant.session.session import ComponentSession
+from speculant.speculative.auto_k import WidthCosts
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
-from speculant.speculative.kinds import ProposerSources, admit_proposer
+from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
 from speculant.speculative.proposal import Proposer
 from speculant.tensors.seam import make_seam, residency_for_device
 from speculant.text.chat import ChatTemplate, load_chat_template
@@ -44,22 +47,33 @@ class Engine:
 
     def __init__(self, package: Package, device: str = "cpu", *, use_tf32: bool = False,
                  outputs_on_host: bool = False, ordering: str = "shared_stream",
-                 threads: int | None = None, draft: Package | None = None) -> None:
+                 threads: int | None = None, draft: Package | None = None,
+                 cuda_graphs: bool | str = "auto") -> None:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
         the host-staged configuration that parity tests compare against, never a default.
         ``threads`` sets ONNX Runtime's intra-op thread count of every session (None: ORT's
         default, one per physical core). ``draft`` is a greedy-decoder package loaded beside
-        the target as its draft model (``proposer="draft"``), on the same device."""
+        the target as its draft model (``proposer="draft"``), on the same device.
+        ``cuda_graphs`` (True, False, ``"auto"``: on where the package has static caches and
+        the device is CUDA) captures each pass plan as a CUDA graph (``session/graphs.py``);
+        :attr:`cuda_graphs` says what each session does, and every decode's stats carry it."""
         self.package = package
         self.device = residency_for_device(device)
         self.seam = make_seam(self.device, ordering=ordering)
         plan, wf = package.plan, package.document.workflow
+        graphs = decide(cuda_graphs, self.device, outputs_on_host=outputs_on_host,
+                        has_static_caches=any(
+                            g.update is not None and g.update.kind == "indexed_scatter"
+                            for g in groups_of(wf).values()))
         self.sessions = {
             name: ComponentSession(name, package.model_source(name), wf.components[name].ports,
                                    self.device, self.seam, use_tf32=use_tf32,
                                    outputs_on_host=outputs_on_host,
-                                   artifact=str(package.artifacts[name]), threads=threads)
+                                   artifact=str(package.artifacts[name]), threads=threads,
+                                   cuda_graphs=graphs)
             for name in (plan.target, plan.proposer) if name is not None}
+        self.cuda_graphs = "; ".join(f"{name}: {session.graphs.describe()}"
+                                     for name, session in self.sessions.items())
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])
         self.vocab_size = package.logits_width
         self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam)
@@ -71,7 +85,10 @@ class Engine:
                       if draft is not None else None)
         self.proposer_sources = ProposerSources(
             plan, self.proposer, self.draft, self.vocab_size, self.tokenizer.vocab_size,
-            can_auto_enable=_can_auto_enable(package))
+            can_auto_enable=_can_auto_enable(package), costs=WidthCosts())
+        target_session = self.sessions[plan.target]
+        target_session.observers.append(self.proposer_sources.costs.verify_observer(
+            target_session.ports.roles))
         self._turns = Turns()
 
     # -- the request-scoped API -----------------------------------------------------------
@@ -161,7 +178,8 @@ class Engine:
                                  vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
                                  never_materialized=self._fused_values())
         kind, k = admit_proposer(self.proposer_sources, request)
-        proposer = kind.build(self.proposer_sources, request, k) if kind is not None else None
+        proposer = (build_proposer(self.proposer_sources, kind, request, k)
+                    if kind is not None else None)
         stop_ids = set(options.stop_token_ids)
         if options.stop_on_eos:
             stop_ids.update(plan.eos_ids)
@@ -181,6 +199,7 @@ class Engine:
                                   sampler=sampler, text=text, k=k if proposer else 0,
                                   residency=self.sessions[plan.target].device)
         state.stats.proposer = kind.name if kind is not None else None
+        state.stats.cuda_graphs = self.cuda_graphs
         return state, proposer, k
 
     def _chat_request(self, messages: Messages, options: GenerationOptions

@@ -110,15 +110,34 @@ def test_generate_speculative_stats(cli, chained_path, engines, k):
     assert int(rows["rounds"]) > 0
 
 
-def test_generate_speculative_uses_max_proposal_width_without_k(cli, chained_path, engines):
+def test_generate_speculative_with_k_4_uses_that_width(cli, chained_path, engines):
     expected = engines(chained_path).generate("def ", 20, speculative=True, k=4)
     result = cli("generate", chained_path, "--prompt", "def ", "--max-new-tokens", 20,
-                 "--speculative", "--stats")
+                 "--speculative", "--k", 4, "--stats")
     assert result.exit_code == 0, result.output
     assert f"mean accepted length: {expected.stats.mean_accepted_length:.3f}" in \
         flat(result.stderr)
     assert "acceptance by position: 1:" in flat(result.stderr)
     assert "4:" in flat(result.stderr).split("acceptance by position:")[1].split("counters")[0]
+
+
+def test_generate_speculative_without_k_picks_k_per_round(cli, chained_path, engines):
+    """No --k: k="auto", widths within max_proposal_width (4), the text still greedy's; the
+    stats show the widths the rounds ran at and the CUDA-graph state (eager on the CPU)."""
+    greedy = engines(chained_path).generate("def ", 20)
+    result = cli("generate", chained_path, "--prompt", "def ", "--max-new-tokens", 20,
+                 "--speculative", "--stats")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == greedy.text + "\n"
+    text = flat(result.stderr)
+    rounds = re.search(r"rounds by width: ((?:k=\d+:\d+\s*)+)", text)
+    assert rounds is not None, text
+    widths = {int(k): int(n) for k, n in re.findall(r"k=(\d+):(\d+)", rounds.group(1))}
+    rows = counters(result.stderr)
+    assert max(widths) <= 4 and sum(widths.values()) == int(rows["rounds"])
+    assert "cuda graphs: target: eager (the device is the CPU); assistant: eager (the " \
+           "device is the CPU)" in text
+    assert rows["graph_captures"] == rows["graph_replays"] == "0"
 
 
 def test_generate_stats_without_speculation(cli, decoder_path):

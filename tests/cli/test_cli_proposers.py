@@ -45,10 +45,10 @@ def test_lookup(cli, decoder_path, engines, k):
 
 
 def test_draft_implied_by_the_draft_path(cli, decoder_path, draft_path, with_draft):
-    """--draft alone selects the draft model; k defaults to the smaller rollback bound (the
+    """--draft alone selects the draft model; --k 4 is the smaller rollback bound (the
     target's rollback_positions 4; the draft allows 4 + 1)."""
     expected = with_draft.generate(PROMPT, 40, proposer="draft", k=4)
-    result = run(cli, decoder_path, "--max-new-tokens", 40, "--draft", draft_path)
+    result = run(cli, decoder_path, "--max-new-tokens", 40, "--draft", draft_path, "--k", 4)
     assert result.stdout == expected.text + "\n"
     rows = counters(result.stderr)
     assert rows["proposer"] == "draft"

@@ -228,7 +228,7 @@ def test_draft_k_outside_the_target_bound(draft_engine, k):
 def test_draft_k_defaults_to_the_kind_default(draft_engine):
     """k=None: the smaller of the target's rollback bound and the draft's own + 1."""
     engine = draft_engine()
-    default = engine.generate(list(PROBE_PROMPT), 12, proposer="draft")
+    default = engine.generate(list(PROBE_PROMPT), 12, proposer="draft", k=None)
     bound = min(engine.package.plan.undeclared_rollback_bound,
                 engine.draft.rollback_bound + 1)
     assert default.stats.trace == engine.generate(list(PROBE_PROMPT), 12, proposer="draft",

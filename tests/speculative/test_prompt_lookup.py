@@ -122,8 +122,9 @@ def test_lookup_k_outside_the_bound(engine, k, path):
 
 
 def test_lookup_k_defaults_to_the_rollback_bound(engine):
+    """k=None: the fixed default width, the rollback bound."""
     bound = engine.package.plan.undeclared_rollback_bound
-    default = engine.generate(list(PROBE_PROMPT), 8, proposer="prompt_lookup")
+    default = engine.generate(list(PROBE_PROMPT), 8, proposer="prompt_lookup", k=None)
     assert default.stats.trace == engine.generate(list(PROBE_PROMPT), 8,
                                                   proposer="prompt_lookup",
                                                   k=bound).stats.trace

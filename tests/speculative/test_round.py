@@ -88,15 +88,16 @@ def test_verify_is_pure_on_literal_scores():
 
 def test_auto_resolves_by_the_auto_enable_rule(tmp_path):
     """``auto``: chained where every component's contract preserves the distribution, plain
-    decoding otherwise; its k defaults to the chained kind's (max_proposal_width)."""
+    decoding otherwise; its fixed default k (k=None) is the chained kind's."""
     import speculant
     from builders.writers import write_chained_package
 
     safe = speculant.load(write_chained_package(tmp_path / "safe", equivalence="bitwise"))
     unsafe = speculant.load(write_chained_package(tmp_path / "unsafe"))
-    auto = safe.generate(list(PROBE_PROMPT), 16, proposer="auto")
+    auto = safe.generate(list(PROBE_PROMPT), 16, proposer="auto", k=None)
     assert auto.stats.proposer == "chained"
-    assert auto.stats.trace == safe.generate(list(PROBE_PROMPT), 16, proposer="chained").stats.trace
+    assert auto.stats.trace == safe.generate(list(PROBE_PROMPT), 16, proposer="chained",
+                                             k=None).stats.trace
     plain = unsafe.generate(list(PROBE_PROMPT), 16, proposer="auto")
     assert plain.stats.proposer is None and plain.stats.rounds == 0
     assert plain.token_ids == auto.token_ids

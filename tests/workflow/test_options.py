@@ -114,14 +114,25 @@ def test_the_cli_takes_its_defaults_from_the_options():
 
 
 def test_the_api_and_the_cli_agree_on_the_default_k(tmp_path):
-    """--speculative without --k and proposer="chained" with k=None: one definition."""
+    """--speculative without --k and proposer="chained": one default, k="auto" (the width
+    controller); k=None is the kind's default width, fixed."""
     from builders.writers import write_chained_package
+    from speculant.cli import options_of
 
+    assert DEFAULTS.k == "auto"
+    assert GenerationOptions.of(proposer="chained").k == "auto"
+    cli = options_of(20, True, None, None, DEFAULTS.k, 0.0, 0, 1.0, 0.0, 0, None)
+    assert cli == GenerationOptions.of(max_new_tokens=20, speculative=True)
+    assert options_of(20, True, None, None, "3", 0.0, 0, 1.0, 0.0, 0, None).k == 3
     engine = speculant.load(write_chained_package(tmp_path / "pair"))
     width = engine.package.document.speculative.max_proposal_width
-    default = engine.generate([5, 9, 3], 20, proposer="chained")
-    assert max(k for k, _ in default.stats.trace) == width
-    assert default.stats.trace == engine.generate([5, 9, 3], 20, speculative=True).stats.trace
+    fixed = engine.generate([5, 9, 3], 20, proposer="chained", k=None)
+    assert max(k for k, _ in fixed.stats.trace) == width
+    assert fixed.stats.trace == engine.generate([5, 9, 3], 20, proposer="chained",
+                                                k=width).stats.trace
+    auto = engine.generate([5, 9, 3], 20, speculative=True)
+    assert auto.token_ids == fixed.token_ids
+    assert max(k for k, _ in auto.stats.trace) <= width
 
 
 def test_a_zero_dimensional_array_prompt(decoder_engine):

@@ -164,12 +164,12 @@ def adopt_output(ort_value: Any, residency: str, backend: Backend,
                         ort_value)
 
 
-def run_bound(session: Any, binding: Any) -> None:
-    """ORT's run on ``binding`` (an ``InferenceSession`` and its ``IOBinding``): the C-level
-    call where this build has it (the Python wrapper adds per-run checks for graph capture,
-    which speculant does not use)."""
+def run_bound(session: Any, binding: Any, run_options: Any = None) -> None:
+    """ORT's run on ``binding`` (an ``InferenceSession`` and its ``IOBinding``) with
+    ``run_options`` (an ``onnxruntime.RunOptions``, e.g. carrying ``gpu_graph_id``; None:
+    ORT's defaults): the C-level call where this build has it."""
     raw_session = getattr(session, "_sess", None)
     if raw_session is None or raw_binding(binding) is binding:
-        session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding, run_options)
     else:
-        raw_session.run_with_iobinding(raw_binding(binding), None)
+        raw_session.run_with_iobinding(raw_binding(binding), run_options)

@@ -35,6 +35,13 @@ another width needs a plan of its own (a dict of plans by width). With appended 
 past's extent grows every pass, so a plan pays off where shapes repeat: fixed-capacity
 caches, or a component whose inputs are fixed per width. The observers of the session are
 told of each run, as of an invocation.
+
+**CUDA graphs** (``session/graphs.py``): on a session created for capture each plan gets a
+``gpu_graph_id`` of its own (``plan.graph_id``); its first run captures the graph (counted in
+the seam's ``graph_captures``), every later run replays it (``graph_replays``). Elsewhere,
+or where a buffer of the plan lives off the session's device (a zero-size buffer is a host
+value), ``graph_id`` is -1 and
+``plan.eager_reason`` says why. A plan per width is thus a graph per width.
 """
 
 from __future__ import annotations
@@ -44,8 +51,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from speculant.errors import ContractError
+from speculant.errors import ContractError, ResidencyError
 from speculant.session.binding import bind_input, bind_output, run_bound
+from speculant.session.graphs import EAGER_ID
 from speculant.session.session import ComponentSession, Invocation
 from speculant.tensors import NUMPY_DTYPES, Value
 
@@ -68,6 +76,20 @@ class PassPlan:
             bind_output(self.binding, port, buffer.residency, buffer,
                         seam.backend(buffer.residency))
         self.num_runs = 0
+        graphs = session.graphs
+        elsewhere = sorted(port for port, buffer in {**inputs, **outputs}.items()
+                           if buffer.residency != session.device)
+        if not graphs.is_enabled:
+            self.graph_id, self.eager_reason = EAGER_ID, graphs.reason
+        elif elsewhere:
+            self.graph_id = EAGER_ID
+            self.eager_reason = (f"{', '.join(elsewhere)} not in {session.device} memory (a "
+                                 "graph captures device addresses only)")
+        else:
+            self.graph_id = graphs.new_id()
+            self.eager_reason = "" if self.graph_id != EAGER_ID else graphs.budget_reason
+        self.run_options = graphs.run_options(self.graph_id)  # None on an eager session
+        self.is_captured = False
 
     @classmethod
     def prepare(cls, session: ComponentSession, inputs: Mapping[str, Value],
@@ -134,9 +156,24 @@ class PassPlan:
         """Run the component on the buffers as they are now; the output buffers, rewritten."""
         session = self.session
         started = time.perf_counter() if session.observers else 0.0
-        run_bound(session.session, self.binding)
+        try:
+            run_bound(session.session, self.binding, self.run_options)
+        except Exception as exc:
+            if self.graph_id == EAGER_ID or self.is_captured:
+                raise
+            raise ResidencyError(
+                f"component '{session.name}': ONNX Runtime failed to capture CUDA graph "
+                f"{self.graph_id} of a pass plan: {exc}", value=self.graph_id,
+                remedy="load with cuda_graphs=False (eager), and report the package") from exc
         self.num_runs += 1
         session.num_invocations += 1
+        if self.graph_id != EAGER_ID:
+            counters = session.seam.counters
+            if self.is_captured:
+                counters.graph_replays += 1
+            else:
+                counters.graph_captures += 1
+                self.is_captured = True
         if session.observers:
             call = Invocation(session.name, self.inputs, tuple(self.outputs),
                               time.perf_counter() - started)

@@ -12,6 +12,12 @@ seconds the invocation took: binding, ORT's run and adopting the outputs). With 
 nothing is timed. The bench measures through it (``speculant_bench/timing.py``):
 
     session.observers.append(lambda call: durations.append(call.seconds))
+
+**CUDA graphs** (``session/graphs.py``): ``cuda_graphs=GraphDecision(True)`` creates the
+session with the CUDA EP option ``enable_cuda_graph=1`` (or, where ONNX Runtime refuses it,
+without, and ``session.graphs`` says why); ``invoke`` then runs with ``gpu_graph_id = -1``
+(eager) and every :class:`~speculant.session.plan.PassPlan` made on the session captures and
+replays a graph of its own.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from speculant.session.binding import (
     stream_provider_options,
 )
 from speculant.session.contracts import SymbolTable
+from speculant.session.graphs import EAGER_ID, OFF, GraphCapture, GraphDecision, refusal_reason
 from speculant.tensors import HOST, TensorSeam, Value
 from speculant.tensors.backend import INSTALL_CUDA
 
@@ -93,8 +100,10 @@ class ComponentSession:
 
     def __init__(self, name: str, source: str | bytes, ports: Ports, device: str,
                  seam: TensorSeam, *, use_tf32: bool = False, outputs_on_host: bool = False,
-                 artifact: str = "", threads: int | None = None) -> None:
-        """``threads``: ONNX Runtime's intra-op thread count (None: its default)."""
+                 artifact: str = "", threads: int | None = None,
+                 cuda_graphs: GraphDecision = OFF) -> None:
+        """``threads``: ONNX Runtime's intra-op thread count (None: its default);
+        ``cuda_graphs``: whether to create the session for CUDA graph capture."""
         self.name = name
         self.ports = ports
         self.device = device  # where the component executes
@@ -107,13 +116,27 @@ class ComponentSession:
         options.log_severity_level = 3
         if threads is not None:
             options.intra_op_num_threads = threads
-        try:
-            self.session = ort.InferenceSession(source, options, providers=providers)
-        except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
-            raise AdmissionError(
-                f"ONNX Runtime refused to create the session of component '{name}': {exc}",
-                file=artifact, path=f"pipeline.workflow.components.{name}",
-                remedy=_remedy_for(str(exc), device)) from exc
+        self.graphs = GraphCapture(False, cuda_graphs.reason)
+        if cuda_graphs.is_wanted:
+            if device == HOST:
+                raise ResidencyError(f"component '{name}': CUDA graphs need a CUDA device",
+                                     value=device, remedy="cuda_graphs=False on the CPU")
+            provider, provider_options = providers[0]
+            capturing = [(provider, {**provider_options, "enable_cuda_graph": "1"})]
+            try:
+                self.session = ort.InferenceSession(source, options, providers=capturing)
+                self.graphs = GraphCapture(True)
+            except Exception as exc:  # noqa: BLE001 - ORT's refusal: eager, and say why
+                self.graphs = GraphCapture(False, refusal_reason(exc))
+        if not self.graphs.is_enabled:
+            try:
+                self.session = ort.InferenceSession(source, options, providers=providers)
+            except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
+                raise AdmissionError(
+                    f"ONNX Runtime refused to create the session of component '{name}': {exc}",
+                    file=artifact, path=f"pipeline.workflow.components.{name}",
+                    remedy=_remedy_for(str(exc), device)) from exc
+        self.eager_run_options = self.graphs.run_options(EAGER_ID)  # None unless capturing
         wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
         if self.session.get_providers()[0] != wanted:
             raise ResidencyError(
@@ -156,7 +179,7 @@ class ComponentSession:
         # while the device computes, but onnxruntime-gpu 1.31.1 then aborts the process when
         # it frees the pinned staging memory of host-bound inputs ("cudaFreeHost: operation
         # not permitted", seen on the H200); so every run keeps ORT's default.
-        run_bound(self.session, binding)
+        run_bound(self.session, binding, self.eager_run_options)
         self.num_invocations += 1
         # the C-level OrtValues (the Python wrapper would re-wrap each one)
         produced = dict(zip(wanted, raw_binding(binding).get_outputs(), strict=True))

@@ -13,15 +13,22 @@ default k, its request check and its builder (STYLE habit 5).
 (runtime.md §2.4), and to plain decoding otherwise. Admission (:func:`admit_proposer`), the
 CLI's choices and help, and the bench's default list all read :data:`KINDS`; nothing else
 switches on a kind's name.
+
+``k``: an int is a fixed width (within the bound); None is the kind's default width, fixed;
+``"auto"`` (the default of :class:`~speculant.workflow.options.GenerationOptions`) is the
+width controller of ``speculative/auto_k.py``, choosing each round's width in ``1 … the
+kind's default`` from the engine's measured costs (:attr:`ProposerSources.costs`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from speculant.errors import RequestError, UnsupportedError
 from speculant.package.plan import LoadPlan
+from speculant.speculative.auto_k import AUTO as AUTO_K
+from speculant.speculative.auto_k import AutoWidthProposer, WidthController, WidthCosts
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.prompt_lookup import PromptLookupProposer
@@ -41,6 +48,7 @@ class ProposerSources:
     logits_width: int | None  # the target's, to check a draft's vocabulary against
     tokenizer_vocab: int | None
     can_auto_enable: bool  # the package's auto-enable rule holds (runtime.md §2.4)
+    costs: WidthCosts = field(default_factory=WidthCosts)  # measured, for k="auto"
 
 
 @dataclass(frozen=True)
@@ -168,14 +176,26 @@ def resolve(name: str | None, sources: ProposerSources) -> ProposerKind | None:
 def admit_proposer(sources: ProposerSources, request: Request) -> tuple[ProposerKind | None,
                                                                           int]:
     """The request's kind and k (runtime.md §2.4, §18): k defaults to the kind's default and
-    must lie within its bound; the kind's own check runs last."""
+    must lie within its bound (``"auto"``: k is the largest width the controller may pick,
+    the kind's default); the kind's own check runs last."""
     kind = resolve(request.options.proposer, sources)
     if kind is None:
         return None, 0
     bound = kind.bound(sources)
-    k = request.options.k if request.options.k is not None else kind.default_k(sources)
+    asked = request.options.k
+    k = asked if isinstance(asked, int) else kind.default_k(sources)
     if k > bound.max_k:
         raise RequestError(f"k = {k} exceeds {bound.path} = {bound.max_k}", path=bound.path,
                            value=k, expected=f"1 <= k <= {bound.max_k}")
     kind.check(sources, request)
     return kind, k
+
+
+def build_proposer(sources: ProposerSources, kind: ProposerKind, request: Request,
+                   k: int) -> Proposer:
+    """The admitted kind's proposer for ``request``; with ``k="auto"`` wrapped in the width
+    controller (``k`` then being the widest it may choose)."""
+    proposer = kind.build(sources, request, k)
+    if request.options.k != AUTO_K:
+        return proposer
+    return AutoWidthProposer(proposer, kind.name, WidthController(k), sources.costs)

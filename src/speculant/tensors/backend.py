@@ -47,6 +47,8 @@ class ResidencyCounters:
     uploads: int = 0  # host->device adoptions
     embedding_table_reads: int = 0  # reads of the table from the artifact (<= 1 per runtime)
     embedding_table_mirrors: int = 0  # adoptions of the table into a residency
+    graph_captures: int = 0  # CUDA graphs captured (first runs of a pass plan's graph id)
+    graph_replays: int = 0  # CUDA graph replays (later runs of a captured plan)
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)

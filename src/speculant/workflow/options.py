@@ -22,7 +22,9 @@ class GenerationOptions:
 
     ``proposer``: None (plain decoding) or a kind of ``speculative/kinds.py`` (``chained``,
     ``draft``, ``prompt_lookup``, or ``auto``: chained where the package allows it); ``k``
-    drafts per round, None: the kind's default. ``temperature`` 0 is greedy (argmax,
+    drafts per round: ``"auto"`` (the default) picks each round's width from the measured
+    acceptance and costs (``speculative/auto_k.py``), an int fixes it, None fixes it at the
+    kind's default. ``temperature`` 0 is greedy (argmax,
     bit-exact); above 0 tokens are drawn from ``T(row)`` (``top_k`` 0: no limit, ``top_p``,
     ``min_p``) by one generator seeded by ``seed``. ``stop`` strings end the text where they
     first appear (the stop text is not emitted); ``stop_token_ids`` add to the package's EOS
@@ -31,7 +33,7 @@ class GenerationOptions:
 
     max_new_tokens: int = 64
     proposer: str | None = None
-    k: int | None = None
+    k: int | str | None = "auto"
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -75,7 +77,7 @@ class GenerationOptions:
         return GenerationOptions(
             max_new_tokens=_integer("max_new_tokens", self.max_new_tokens, low=1),
             proposer=_optional_name("proposer", self.proposer),
-            k=None if self.k is None else _integer("k", self.k, low=1),
+            k=_width(self.k),
             temperature=_real("temperature", self.temperature, low=0.0),
             top_p=_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True),
             top_k=_integer("top_k", self.top_k, low=0),
@@ -152,6 +154,15 @@ def _real(name: str, value: object, *, low: float, high: float | None = None,
                            expected=f"a finite number in {bounds}" if high is not None
                            else f"a finite number {bounds}")
     return number
+
+
+def _width(value: object) -> int | str | None:
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return value
+    if isinstance(value, str):
+        raise RequestError(f"k = {value!r} is not a width", path="k", value=value,
+                           expected="'auto', None or an int >= 1")
+    return _integer("k", value, low=1)
 
 
 def _boolean(name: str, value: object) -> bool:

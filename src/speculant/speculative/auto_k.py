@@ -1,0 +1,194 @@
+"""k that picks itself (issue 12 item 5): ``k="auto"`` chooses each round's width from what
+the runtime measures.
+
+**The rule.** Before each proposal, for every width ``k`` in ``0 … K`` (``K`` = the kind's
+default k, within its bound), with the measured
+
+* ``p_i``: acceptance of the draft at block position ``i`` *given* the drafts before it were
+  accepted (an exponential moving average per position, weight :data:`SMOOTHING` per round
+  that reached the position, starting at :data:`PRIOR_ACCEPTANCE`);
+* ``t_propose(k)``: seconds this proposer kind takes to propose ``k`` drafts (the wall clock
+  around its ``propose``; a chained drafter's bootstrap step makes it ``t_0 + k · t_step``
+  rather than ``k · t_draft``), ``t_propose(0) = 0``;
+* ``t_verify(n)``: seconds of a target pass over ``n`` tokens (the target session's observer,
+  so every run through ``invoke`` or a ``PassPlan`` counts);
+
+each a moving average per width (:class:`WidthTable`; a width not measured yet is read off
+the least-squares line through the measured widths, never below the cheapest measured, their
+mean where the line falls, flat while one width is measured; :data:`UNMEASURED_SECONDS` for a
+verify and 0 for a proposal while none is), the round runs at the ``k`` that maximizes the
+expected committed tokens per second
+
+    rate(k) = E[a | k] / (t_propose(k) + t_verify(k + 1)),   E[a | k] = 1 + Σ_{j≤k} Π_{i≤j} p_i
+
+(``a``: tokens committed by the round, the correction or bonus included; ties go to the
+smaller k). ``k = 0`` is a greedy step (drafting does not pay); after :data:`PROBE_EVERY`
+greedy steps in a row the controller proposes one draft again, so the acceptance it reads
+stays measured. :func:`best_k` is that rule as a pure function of its numbers: deterministic
+given them. The round is still exact: the controller changes only the width, and every width
+is verified by the target (greedy output stays bit for bit greedy; sampling stays distributed
+as the target's, though with measured costs the draws depend on the widths chosen: fix ``k``
+for draw-for-draw reproducible sampling).
+
+The anchors: Hugging Face transformers' ``num_assistant_tokens_schedule="heuristic"`` (+2
+drafts after a full accept, −1 otherwise) adapts on acceptance alone; SGLang serves fixed
+tiers (``speculative_num_steps``, ``speculative_num_draft_tokens``) chosen offline. This rule
+uses both the acceptance and the measured cost of each width, online.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from speculant.session.session import Invocation, Observer
+from speculant.speculative.proposal import Proposal, Proposer
+from speculant.workflow.state import DecodeState
+
+AUTO = "auto"
+SMOOTHING = 0.3  # weight of one new observation in every moving average
+PRIOR_ACCEPTANCE = 0.6  # p_i before any round reached position i
+UNMEASURED_SECONDS = 1.0  # t_verify while no pass was measured (flat: widths look free)
+PROBE_EVERY = 8  # greedy steps in a row before one draft is proposed again
+
+
+def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+    """E[a | k] = 1 + Σ_{j=1..k} Π_{i=1..j} p_i (tokens one round at width k commits)."""
+    total, reach = 1.0, 1.0
+    for p in acceptance[:k]:
+        reach *= p
+        total += reach
+    return total
+
+
+def best_k(acceptance: Sequence[float], propose_seconds: Sequence[float],
+           verify_seconds: Sequence[float]) -> int:
+    """The width in ``0 … len(acceptance)`` with the most expected tokens per second;
+    ``propose_seconds[k]`` proposes ``k`` drafts, ``verify_seconds[n - 1]`` is a pass over
+    ``n`` tokens (``len(acceptance) + 1`` entries each)."""
+    best, best_rate = 0, -1.0
+    for k in range(len(acceptance) + 1):
+        seconds = (propose_seconds[k] if k else 0.0) + verify_seconds[k]
+        rate = expected_tokens(acceptance, k) / seconds if seconds > 0 else float("inf")
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
+
+
+def _moving(old: float | None, new: float) -> float:
+    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
+
+
+@dataclass
+class WidthTable:
+    """Measured seconds by width (moving averages), and the widths not measured yet."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, width: int, seconds: float) -> None:
+        self.seconds[width] = _moving(self.seconds.get(width), seconds)
+
+    def at(self, widths: range, unmeasured: float) -> list[float]:
+        """Seconds at each of ``widths``: measured, else the fitted line (see the module)."""
+        measured = sorted(self.seconds.items())
+        if not measured:
+            return [unmeasured] * len(widths)
+        if len(measured) == 1:
+            fitted = {n: measured[0][1] for n in widths}
+        else:  # a handful of points: the stdlib's least squares, microseconds a round
+            points, seconds = zip(*measured, strict=True)
+            slope, intercept = statistics.linear_regression(points, seconds)
+            floor, mean = min(seconds), statistics.fmean(seconds)
+            fitted = {n: max(floor, intercept + slope * n) if slope > 0 else mean
+                      for n in widths}
+        return [self.seconds.get(n, fitted[n]) for n in widths]
+
+
+@dataclass
+class WidthCosts:
+    """The engine's measured costs: a target pass per width, a proposal per kind and width."""
+
+    verify: WidthTable = field(default_factory=WidthTable)  # n tokens -> seconds of a pass
+    propose: dict[str, WidthTable] = field(default_factory=dict)  # kind -> k -> seconds
+
+    def verify_seconds(self, max_width: int) -> list[float]:
+        """``t_verify(n)`` for ``n = 1 … max_width``."""
+        return self.verify.at(range(1, max_width + 1), UNMEASURED_SECONDS)
+
+    def propose_seconds(self, kind: str, max_k: int) -> list[float]:
+        """``t_propose(k)`` for ``k = 0 … max_k`` (0 at k = 0)."""
+        table = self.propose.get(kind, WidthTable())
+        return [0.0, *table.at(range(1, max_k + 1), 0.0)]
+
+    def observe_proposal(self, kind: str, k: int, seconds: float) -> None:
+        self.propose.setdefault(kind, WidthTable()).observe(k, seconds)
+
+    def verify_observer(self, roles: Mapping[str, str], max_width: int = 64) -> Observer:
+        """An observer for the target session: each run over ``n <= max_width`` tokens (the
+        ``token_ids`` port's last axis) is a measurement of ``t_verify(n)``."""
+        token_port = next((port for port, role in roles.items() if role == "token_ids"), None)
+
+        def observe(call: Invocation) -> None:
+            value = call.inputs.get(token_port) if token_port is not None else None
+            if value is not None and value.rank and 0 < value.shape[-1] <= max_width:
+                self.verify.observe(int(value.shape[-1]), call.seconds)
+
+        return observe
+
+
+@dataclass
+class WidthController:
+    """One request's acceptance by position and its choice of k (see the module)."""
+
+    max_k: int
+    acceptance: list[float] = field(default_factory=list)
+    num_greedy_in_a_row: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.acceptance:
+            self.acceptance = [PRIOR_ACCEPTANCE] * self.max_k
+
+    def observe(self, k: int, num_accepted: int) -> None:
+        """A round verified ``k`` drafts and committed ``num_accepted`` tokens (so
+        ``num_accepted - 1`` drafts were accepted): positions ``1 … num_accepted - 1`` were
+        accepted, position ``num_accepted`` (if ``<= k``) rejected, the rest not reached."""
+        for i in range(min(k, num_accepted, self.max_k)):
+            is_accepted = i < num_accepted - 1
+            self.acceptance[i] = _moving(self.acceptance[i], 1.0 if is_accepted else 0.0)
+
+    def choose(self, costs: WidthCosts, kind: str) -> int:
+        k = best_k(self.acceptance, costs.propose_seconds(kind, self.max_k),
+                   costs.verify_seconds(self.max_k + 1))
+        if k == 0 and self.num_greedy_in_a_row >= PROBE_EVERY:
+            k = 1  # a probe: keep the acceptance measured
+        self.num_greedy_in_a_row = self.num_greedy_in_a_row + 1 if k == 0 else 0
+        return k
+
+
+class AutoWidthProposer:
+    """A proposer at the width the controller picks each round (never above the round's
+    cap; 0: no drafts, the round is a greedy step): it learns the last round's outcome from
+    the decode's trace and times ``propose``."""
+
+    def __init__(self, inner: Proposer, kind: str, controller: WidthController,
+                 costs: WidthCosts) -> None:
+        self.inner, self.kind, self.controller, self.costs = inner, kind, controller, costs
+        self._num_rounds_seen = 0
+        self.chosen: list[int] = []  # the width asked of the proposer, per proposal
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        trace = state.stats.trace
+        for round_k, num_accepted in trace[self._num_rounds_seen:]:
+            self.controller.observe(round_k, num_accepted)
+        self._num_rounds_seen = len(trace)
+        width = min(k, self.controller.choose(self.costs, self.kind))
+        self.chosen.append(width)
+        if width == 0:
+            return Proposal()  # drafting does not pay now: a greedy step
+        started = time.perf_counter()
+        proposal = self.inner.propose(state, width)
+        if proposal.k:
+            self.costs.observe_proposal(self.kind, proposal.k, time.perf_counter() - started)
+        return proposal

@@ -1,0 +1,160 @@
+"""k="auto": the width controller on literal acceptance and cost numbers, and every proposer
+decoding exactly greedy's tokens with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import speculant
+from builders import encode
+from builders.writers import write_chained_package, write_decoder_package
+from speculant.session.session import Invocation
+from speculant.speculative.auto_k import (
+    PROBE_EVERY,
+    AutoWidthProposer,
+    WidthController,
+    WidthCosts,
+    WidthTable,
+    best_k,
+    expected_tokens,
+)
+from speculant.speculative.kinds import KINDS
+from speculant.tensors import Value
+from speculant.workflow.options import GenerationOptions
+
+
+def test_expected_tokens_is_one_plus_the_reach_of_each_position():
+    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == 1.0 + 0.5 + 0.25
+    assert expected_tokens([1.0, 0.0, 1.0], 3) == 2.0  # nothing is reached past a sure reject
+
+
+def proposing(seconds_per_draft: float, max_k: int = 8) -> list[float]:
+    return [k * seconds_per_draft for k in range(max_k + 1)]
+
+
+def test_high_acceptance_and_cheap_drafts_pick_the_widest_k():
+    acceptance = [0.95] * 8
+    verify = [0.010 + 0.0002 * n for n in range(1, 10)]  # a wide pass costs little more
+    assert best_k(acceptance, proposing(0.0001), verify) == 8
+
+
+def test_low_acceptance_picks_a_small_k_and_lower_still_a_greedy_step():
+    """t_verify(n) = 10 ms + 2 ms n, 0.2 ms a draft: p = 0.3 -> k = 1 (rates 83.3, 91.5,
+    84.8 tok/s at k = 0, 1, 2); p = 0.1 -> k = 0 (drafting does not pay: 83.3 > 77.5)."""
+    verify = [0.010 + 0.002 * n for n in range(1, 10)]
+    assert best_k([0.3] * 8, proposing(0.0002), verify) == 1
+    assert best_k([0.1] * 8, proposing(0.0002), verify) == 0
+    assert best_k([0.9] * 8, proposing(0.050), verify) == 0  # drafts dearer than passes
+
+
+def test_the_rule_on_literal_numbers_picks_the_best_rate():
+    """p = 0.8 everywhere, t_propose(k) = k, t_verify(n) = 10 + 0.5 n: rates 1/10.5,
+    1.8/11.5, 2.44/13, 2.952/14.5, 3.3616/16, 3.68928/17.5, 3.951424/19, ... -> k = 5
+    (0.21082 > 0.21010 at k = 4)."""
+    verify = [10 + 0.5 * n for n in range(1, 10)]
+    assert best_k([0.8] * 8, proposing(1.0), verify) == 5
+    assert best_k([0.8] * 8, proposing(1.0), verify) == 5  # deterministic
+
+
+def test_a_fixed_proposal_cost_is_paid_once_per_round():
+    """A chained drafter's bootstrap step: t_propose(k) = 3 + k; p = 0.7, t_verify(n) = 10:
+    rates 0.1, 0.1214, 0.146, 0.1583, 0.1631, 0.1634, 0.161 ... -> k = 5, wider than a
+    per-draft cost of 4 s would allow (0.1, 0.1214, 0.1217, 0.1151 ... -> k = 2)."""
+    verify = [10.0] * 9
+    with_bootstrap = [0.0, *(3.0 + k for k in range(1, 9))]
+    assert best_k([0.7] * 8, with_bootstrap, verify) == 5
+    assert best_k([0.7] * 8, proposing(4.0), verify) == 2
+
+
+def test_ties_go_to_the_smaller_k():
+    assert best_k([0.0] * 4, proposing(0.0, 4), [1.0] * 5) == 0
+
+
+def test_observing_a_round_moves_the_positions_it_reached():
+    controller = WidthController(4)  # prior 0.6, weight 0.3 per observation
+    controller.observe(4, 3)  # drafts 1 and 2 accepted, 3 rejected, 4 not reached
+    assert controller.acceptance == pytest.approx([0.72, 0.72, 0.42, 0.6])
+    controller.observe(1, 2)  # a full accept of one draft
+    assert controller.acceptance == pytest.approx([0.804, 0.72, 0.42, 0.6])
+
+
+def test_the_cost_of_an_unmeasured_width_is_read_off_the_measured_ones():
+    costs = WidthCosts()
+    assert costs.verify_seconds(3) == [1.0, 1.0, 1.0]
+    assert costs.propose_seconds("chained", 2) == [0.0, 0.0, 0.0]
+    costs.verify.observe(2, 4.0)
+    assert costs.verify_seconds(3) == [4.0, 4.0, 4.0]
+    costs.verify.observe(4, 5.0)  # the line 3 + 0.5 n, never below the cheapest measured
+    assert costs.verify_seconds(5) == pytest.approx([4.0, 4.0, 4.5, 5.0, 5.5])
+    falling = WidthTable({1: 2.0, 2: 1.0})  # a line that falls: the mean
+    assert falling.at(range(1, 4), 0.0) == pytest.approx([2.0, 1.0, 1.5])
+    costs.observe_proposal("chained", 1, 3.0)
+    costs.observe_proposal("chained", 3, 5.0)
+    assert costs.propose_seconds("chained", 4) == pytest.approx([0.0, 3.0, 4.0, 5.0, 6.0])
+
+
+def test_the_controller_widens_as_drafts_are_accepted_narrows_as_they_fail_and_probes():
+    costs = WidthCosts(WidthTable({1: 0.010, 5: 0.011}),
+                       {"chained": WidthTable({1: 0.0005, 4: 0.002})})
+    controller = WidthController(4)
+    for _ in range(10):
+        controller.observe(4, 5)
+    assert controller.choose(costs, "chained") == 4
+    for _ in range(10):
+        controller.observe(4, 1)
+    chosen = [controller.choose(costs, "chained") for _ in range(PROBE_EVERY + 2)]
+    assert chosen == [0] * PROBE_EVERY + [1, 0]  # greedy steps, then one probe of one draft
+
+
+def test_the_verify_observer_times_passes_by_their_token_width():
+    costs = WidthCosts()
+    observe = costs.verify_observer({"input_ids": "token_ids"}, max_width=8)
+    observe(Invocation("target", {"input_ids": Value.host(np.zeros((1, 3), np.int64))},
+                       ("logits",), 0.25))
+    observe(Invocation("target", {"input_ids": Value.host(np.zeros((1, 30), np.int64))},
+                       ("logits",), 9.0))  # a long prefill: not a verify width
+    assert costs.verify.seconds == {3: 0.25}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("auto-k")
+    chained = speculant.load(write_chained_package(root / "pair"))
+    decoder = write_decoder_package(root / "decoder")
+    draft = write_decoder_package(root / "draft", deviation_positions={3, 4, 9, 13, 19, 25, 36})
+    return chained, speculant.load(decoder, draft=draft)
+
+
+@pytest.mark.parametrize("proposer", ["chained", "draft", "prompt_lookup"])
+def test_k_auto_decodes_exactly_greedy_for_every_proposer(engines, proposer):
+    chained, with_draft = engines
+    engine = chained if proposer == "chained" else with_draft
+    prompt = encode("def fib(n):\n    return ")
+    greedy = engine.generate(prompt, 48, stop_on_eos=False)
+    decode = engine.decode(prompt, 48, proposer=proposer, stop_on_eos=False)
+    tokens = list(decode)
+    result = decode.result
+    assert result.stats.proposer == proposer
+    assert tokens == result.token_ids == greedy.token_ids
+    assert result.stats.rounds > 0
+    widest = KINDS[proposer].default_k(engine.proposer_sources)
+    assert all(1 <= k <= widest for k, _ in result.stats.trace)
+    # the engine measured what the controller reads
+    assert engine.proposer_sources.costs.verify.seconds
+    assert proposer in engine.proposer_sources.costs.propose
+
+
+def test_k_auto_wraps_the_kinds_proposer_and_a_fixed_k_does_not(engines):
+    chained, _ = engines
+    def admitted(**fields):
+        return chained._admit(encode("def "), GenerationOptions.of(8, speculative=True,
+                                                                   **fields),
+                              None, with_text=False)
+
+    _, auto, widest = admitted()
+    assert isinstance(auto, AutoWidthProposer) and auto.controller.max_k == widest
+    assert widest == chained.package.document.speculative.max_proposal_width
+    _, fixed, k = admitted(k=2)
+    assert not isinstance(fixed, AutoWidthProposer) and k == 2
