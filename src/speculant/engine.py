@@ -33,6 +33,7 @@ from speculant.workflow.options import GenerationOptions, checked_text, checked_
 from speculant.workflow.request import Request, admit_request
 from speculant.workflow.sampler import Sampler
 from speculant.workflow.state import DecodeState, StopRules
+from speculant.workflow.static_cells import StaticPool
 from speculant.workflow.stop_text import StopText
 from speculant.workflow.target_pass import TargetPass
 
@@ -79,6 +80,7 @@ class Engine:
         self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam)
                          if plan.chain is not None and plan.proposer else None)
         self.tokenizer = tokenizer_for(package)  # with its load-time checks
+        self.static_pool = StaticPool()  # static caches and their plans, kept across requests
         self.chat_template: ChatTemplate | None = load_chat_template(package.tokenizer_file)
         self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
                                  outputs_on_host=outputs_on_host, threads=threads)
@@ -197,7 +199,8 @@ class Engine:
                    if admitted.sampling is not None else None)
         state = DecodeState.start(self.seam, self.package, rules, admitted, prompt_ids,
                                   sampler=sampler, text=text, k=k if proposer else 0,
-                                  residency=self.sessions[plan.target].device)
+                                  residency=self.sessions[plan.target].device,
+                                  pool=self.static_pool)
         state.stats.proposer = kind.name if kind is not None else None
         state.stats.cuda_graphs = self.cuda_graphs
         return state, proposer, k

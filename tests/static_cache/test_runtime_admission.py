@@ -110,4 +110,26 @@ def test_a_request_that_cannot_fit_the_capacity(pairs):
     assert "package.capacity = 64" in message
     state = engine.admit(prompt, max_new_tokens=53, proposer="chained", k=4)
     assert state.cells.capacity == 64
-    assert engine.admit(prompt, max_new_tokens=10).cells.capacity == 6 + 10 + 0 + 1
+    # the engine's pool rounds a capacity up (to 128 slots, at most the package's 64)
+    assert engine.admit(prompt, max_new_tokens=10).cells.capacity == 64
+
+
+def test_requests_reuse_the_engines_buffers_and_plans(pairs):
+    """Static caches and their pass plans are made once per (capacity, width) for an engine,
+    not per request: a second request runs on the same buffers and plans, and the prefill's
+    one-off plan is never kept (so CUDA graphs do not pile up request after request)."""
+    engine = speculant.load(pairs["scatter-float32", "static"])
+    first = engine.generate([7, 3, 41, 12, 25, 9], 12, proposer="chained", k=4)
+    cells = engine.static_pool._cells
+    assert len(cells) == 1
+    (only,) = cells.values()
+    plans = dict(only.plans)
+    assert plans and all(n <= 5 for n in plans)  # verify widths only: no prefill width kept
+    drafter_plan = only.proposer_plan
+    second = engine.generate([7, 3, 41, 12, 25, 9, 2, 8], 12, proposer="chained", k=4)
+    assert len(engine.static_pool._cells) == 1
+    assert {n: id(p) for n, p in only.plans.items() if n in plans} == \
+        {n: id(p) for n, p in plans.items()}
+    assert only.proposer_plan is drafter_plan
+    assert first.token_ids == engine.generate([7, 3, 41, 12, 25, 9], 12).token_ids
+    assert second.token_ids == engine.generate([7, 3, 41, 12, 25, 9, 2, 8], 12).token_ids

@@ -93,14 +93,14 @@ def test_buffers_are_allocated_once_and_bound_as_past_and_present(static_root):
                            k=4)
     cells = decode.state.cells
     buffers = dict(cells)
-    assert cells.capacity == len(PROMPT) + NEW + 4 + 1
+    assert cells.capacity >= len(PROMPT) + NEW + 4 + 1  # rounded up by the engine's pool
     list(decode)
     assert decode.state.cells is cells and all(cells[n] is b for n, b in buffers.items())
     assert {b.shape for b in buffers.values()} == {
         (1, CONFIG.num_key_value_heads, cells.capacity, CONFIG.head_dim)}
     widths = {k_r + 1 for k_r, _ in decode.stats.trace} | (
         {1} if decode.stats.greedy_steps else set())  # a greedy step: the pending token alone
-    assert set(cells.plans) == {len(PROMPT)} | widths
+    assert set(cells.plans) == widths  # the prefill's plan is one-off: not kept
     for plan in cells.plans.values():
         for i in range(2):
             for part in ("key", "value"):

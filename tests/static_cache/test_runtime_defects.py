@@ -12,6 +12,7 @@ import pytest
 import speculant
 from speculant.errors import ContractError
 from speculant.workflow.state import DecodeState
+from speculant.workflow.static_cells import StaticPool
 
 PROMPT = [7, 3, 41, 12, 25, 9, 7, 3, 41, 12]
 NEW = 24
@@ -69,21 +70,24 @@ def test_a_borrowed_view_of_the_wrong_layer_is_caught(engine, appended, greedy_t
     assert borrowed == {"shared_kv.key": "kv.1.key", "shared_kv.value": "kv.1.value"}
     monkeypatch.setitem(borrowed, "shared_kv.key", "kv.0.key")
     monkeypatch.setitem(borrowed, "shared_kv.value", "kv.0.value")
+    monkeypatch.setattr(engine, "static_pool", StaticPool())  # plans made anew, with the defect
     wrong = chained(engine)
     assert wrong.token_ids == right.token_ids == greedy_tokens
     assert wrong.stats.trace != right.stats.trace
 
 
-def test_a_plan_replayed_with_the_wrong_width_is_caught(engine):
-    """A verify block of width 3 handed the plan made for width 5: the plan's write refuses
+def test_a_plan_replayed_with_the_wrong_width_is_caught(engine, monkeypatch):
+    """A verify block of width 3 handed the plan made for width 1: the plan's write refuses
     the tokens (a ContractError naming the planned shape), nothing runs."""
+    monkeypatch.setattr(engine, "static_pool", StaticPool())  # this test's own buffers
+    engine.generate(PROMPT, NEW, stop_on_eos=False)  # greedy: the plan of width 1
     decode = engine.decode(PROMPT, max_new_tokens=NEW, stop_on_eos=False, proposer="chained",
                            k=2)
     cells = decode.state.cells
-    next(decode)  # the prefill made the plan of width len(PROMPT)
-    cells.plans[3] = cells.plans[len(PROMPT)]  # the defect: the wrong plan for width 3
+    next(decode)  # the prefill
+    cells.plans[3] = cells.plans[1]  # the defect: the wrong plan for width 3
     runs = cells.plans[3].num_runs
-    with pytest.raises(ContractError, match=r"'input_ids' was planned as \[1, 10\] int64"):
+    with pytest.raises(ContractError, match=r"'input_ids' was planned as \[1, 1\] int64"):
         list(decode)
     assert cells.plans[3].num_runs == runs
 
@@ -109,6 +113,7 @@ def test_the_wrong_layer_accepts_fewer_drafts_on_the_trained_pair(demo_static, m
     assert engine.proposer.chain.borrowed["shared_kv.key"] == f"kv.{last}.key"
     monkeypatch.setitem(engine.proposer.chain.borrowed, "shared_kv.key", "kv.0.key")
     monkeypatch.setitem(engine.proposer.chain.borrowed, "shared_kv.value", "kv.0.value")
+    monkeypatch.setattr(engine, "static_pool", StaticPool())  # plans made anew, with the defect
     wrong = engine.generate(prompt, **options)
     assert wrong.token_ids == right.token_ids == greedy.token_ids
     assert wrong.stats.accepted_drafts < right.stats.accepted_drafts

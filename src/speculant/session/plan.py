@@ -62,9 +62,10 @@ class PassPlan:
     """One component's pass at fixed shapes: owned buffers bound once (see the module)."""
 
     def __init__(self, session: ComponentSession, inputs: dict[str, Value],
-                 outputs: dict[str, Value]) -> None:
+                 outputs: dict[str, Value], *, capture: bool = True) -> None:
         """Bind ``inputs`` and ``outputs`` (owned buffers, fixed from now on) into one IO
-        binding. Use :meth:`prepare`, which makes the buffers and checks the contracts."""
+        binding. Use :meth:`prepare`, which makes the buffers and checks the contracts.
+        ``capture=False``: never a CUDA graph (a plan run once, such as a prefill's)."""
         self.session = session
         self.inputs = inputs  # port -> owned buffer, bound for the plan's life
         self.outputs = outputs  # port -> owned buffer, rewritten by every run
@@ -81,6 +82,8 @@ class PassPlan:
                            if buffer.residency != session.device)
         if not graphs.is_enabled:
             self.graph_id, self.eager_reason = EAGER_ID, graphs.reason
+        elif not capture:
+            self.graph_id, self.eager_reason = EAGER_ID, "a one-off plan (not captured)"
         elif elsewhere:
             self.graph_id = EAGER_ID
             self.eager_reason = (f"{', '.join(elsewhere)} not in {session.device} memory (a "

@@ -28,6 +28,7 @@ from speculant.workflow.options import GenerationOptions
 from speculant.workflow.request import Admitted, Request, admit_request
 from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState, roll_back, set_control, start_cells
+from speculant.workflow.static_cells import StaticPool
 from speculant.workflow.target_pass import TargetPass
 
 
@@ -50,6 +51,7 @@ class DraftModel:
         self.logits_width = package.logits_width
         self.tokenizer_vocab = load_tokenizer(package.tokenizer_file).vocab_size
         self.rollback_bound = plan.undeclared_rollback_bound
+        self.static_pool = StaticPool()  # its static caches and plans, kept across requests
 
     def start(self, request: Request, k: int, *, target_logits_width: int | None,
               target_tokenizer_vocab: int | None) -> DraftModelProposer:
@@ -84,7 +86,8 @@ class DraftModel:
                                path="draft", file=root) from exc
         cells = start_cells(self.seam, self.package, num_prompt=len(request.prompt_ids),
                             max_new_tokens=options.max_new_tokens, k=k,
-                            residency=self.session.device, what="draft model's request")
+                            residency=self.session.device, what="draft model's request",
+                            pool=self.static_pool)
         return DraftModelProposer(self, admitted, cells)
 
 

@@ -13,7 +13,7 @@ from speculant.package.plan import CellPlan, LoadPlan
 from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.request import Admitted
 from speculant.workflow.sampler import Sampler
-from speculant.workflow.static_cells import StaticCells, request_capacity
+from speculant.workflow.static_cells import StaticCells, StaticPool, request_capacity
 from speculant.workflow.stats import DecodeStats
 from speculant.workflow.stop_text import StopText
 from speculant.workflow.target_pass import PassResult
@@ -68,15 +68,22 @@ def empty_cells(package: Package) -> dict[str, Value]:
 
 
 def start_cells(seam: TensorSeam, package: Package, *, num_prompt: int, max_new_tokens: int,
-                k: int, residency: str = HOST, what: str = "request") -> dict[str, Value]:
+                k: int, residency: str = HOST, what: str = "request",
+                pool: StaticPool | None = None) -> dict[str, Value]:
     """A request's caches before its prefill: empty cells (appended), or the static buffers
-    allocated once at the request's capacity in ``residency`` (:mod:`static_cells`)."""
+    of the request's capacity in ``residency`` (:mod:`static_cells`): from ``pool`` (the
+    engine's, reused with their pass plans) or, without one, allocated for this request."""
     if package.plan.static is None:
         return empty_cells(package)
     capacity = request_capacity(package.plan, num_prompt, max_new_tokens, k, what=what)
-    buffers = {name: seam.zeros(cell_shape(package, cell, capacity), cell.contract.dtype,
-                                residency) for name, cell in package.plan.cells.items()}
-    return StaticCells(buffers, capacity)
+
+    def allocate(slots: int) -> dict[str, Value]:
+        return {name: seam.zeros(cell_shape(package, cell, slots), cell.contract.dtype,
+                                 residency) for name, cell in package.plan.cells.items()}
+
+    if pool is None:
+        return StaticCells(allocate(capacity), capacity)
+    return pool.take(residency, capacity, package.plan.static.capacity, allocate)
 
 
 def roll_back(seam: TensorSeam, plan: LoadPlan, cells: dict[str, Value], length: int
@@ -154,13 +161,14 @@ class DecodeState:
     @classmethod
     def start(cls, seam: TensorSeam, package: Package, rules: StopRules, admitted: Admitted,
               prompt_ids: Iterable[int], *, sampler: Sampler | None = None,
-              text: StopText | None = None, k: int = 0, residency: str = HOST
-              ) -> DecodeState:
+              text: StopText | None = None, k: int = 0, residency: str = HOST,
+              pool: StaticPool | None = None) -> DecodeState:
         """The state before the prefill: empty caches (static caches: the buffers, allocated
         once in ``residency`` for a request of width up to ``k``), the admitted controls."""
         tokens = [int(t) for t in prompt_ids]
         cells = start_cells(seam, package, num_prompt=len(tokens),
-                            max_new_tokens=rules.max_new_tokens, k=k, residency=residency)
+                            max_new_tokens=rules.max_new_tokens, k=k, residency=residency,
+                            pool=pool)
         return cls(seam, package.plan, rules, admitted, tokens, len(tokens), cells,
                    dict(admitted.initial_controls), sampler=sampler, text=text)
 

@@ -11,6 +11,8 @@ block width, `session/plan.py`) live here too, since they bind these buffers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from speculant.errors import RequestError
 from speculant.package.plan import LoadPlan
 from speculant.session.plan import PassPlan
@@ -26,6 +28,31 @@ class StaticCells(dict[str, Value]):
         self.capacity = capacity
         self.plans: dict[int, PassPlan] = {}  # block width n -> the target's plan
         self.proposer_plan: PassPlan | None = None  # the chained drafter's step, one width
+
+
+CAPACITY_STEP = 128  # capacities are rounded up to a multiple of this (and to the package's)
+
+
+class StaticPool:
+    """An engine's static caches, kept from request to request: one :class:`StaticCells` per
+    (residency, capacity), the capacity rounded up to :data:`CAPACITY_STEP`. Requests to an
+    engine run one at a time, so the next request reuses the buffers and, with them, every
+    pass plan (and CUDA graph) made for them: plans are made once per capacity and width, not
+    once per request. The slots past a request's length are never read, so stale contents
+    from the last request are harmless."""
+
+    def __init__(self) -> None:
+        self._cells: dict[tuple[str, int], StaticCells] = {}
+
+    def take(self, residency: str, capacity: int, largest: int | None,
+             allocate: Callable[[int], dict[str, Value]]) -> StaticCells:
+        rounded = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
+        if largest is not None:
+            rounded = min(rounded, largest)
+        key = (residency, rounded)
+        if key not in self._cells:
+            self._cells[key] = StaticCells(allocate(rounded), rounded)
+        return self._cells[key]
 
 
 def request_capacity(plan: LoadPlan, num_prompt: int, max_new_tokens: int, k: int, *,

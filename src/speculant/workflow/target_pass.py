@@ -195,14 +195,18 @@ def run_static(target: TargetPass, tokens: Sequence[int], start: int, cells: Sta
         raise ContractError(f"a pass over {n} token(s) at C0={start} writes past the static "
                             f"caches' capacity {cells.capacity}", value=start + n,
                             expected=f"C0 + n <= {cells.capacity}")
-    plan = cells.plans.get(n)
+    is_prefill = start == 0  # its width is the prompt's: a one-off plan, never kept or captured
+    plan = None if is_prefill else cells.plans.get(n)
     values: dict[str, Value] = {}
     for value_name, source in target.driver_sources:
         if not isinstance(source, CellValue):
             values[value_name] = source.value(tokens, start, cells)
     values.update({target.plan.serving[c]: v for c, v in controls.items()})
     if plan is None:
-        plan = cells.plans[n] = static_plan(target, tokens, start, cells, admitted, controls)
+        plan = static_plan(target, tokens, start, cells, admitted, controls,
+                           capture=not is_prefill)
+        if not is_prefill:
+            cells.plans[n] = plan
     else:
         for port, value_name in target.plan.target_inputs.items():
             if value_name in values:
@@ -215,7 +219,8 @@ def run_static(target: TargetPass, tokens: Sequence[int], start: int, cells: Sta
 
 
 def static_plan(target: TargetPass, tokens: Sequence[int], start: int, cells: StaticCells,
-                admitted: Admitted, controls: Mapping[str, Value]) -> PassPlan:
+                admitted: Admitted, controls: Mapping[str, Value], *,
+                capture: bool = True) -> PassPlan:
     """The plan of width ``len(tokens)``: the inputs checked against their contracts, each
     cell's buffer bound to its past and its present port, a buffer of its own for every
     other input (filled with this pass's value) and output (its contract's shape)."""
@@ -242,4 +247,4 @@ def static_plan(target: TargetPass, tokens: Sequence[int], start: int, cells: St
             contract = session.ports.outputs[port]
             outputs[port] = seam.zeros(symbols.resolve(contract, port), contract.dtype,
                                        session.output_residency)
-    return PassPlan(session, buffers, outputs)
+    return PassPlan(session, buffers, outputs, capture=capture)
