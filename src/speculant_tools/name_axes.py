@@ -1,9 +1,9 @@
 """Rename the sequence-like shape symbols of a published metadata document by their role.
 
 Packages in circulation call every sequence-like axis ``sequence``. Shape symbols unify within
-one component execution (runtime.md §3), so a borrowed cache that says ``sequence`` is narrowed
-to the one position the drafter's query has, and the chain sees no context (metadata.md §5,
-rule 32). :func:`name_axes` gives each such axis the name of what it counts (metadata.md §8.2):
+one component execution, so a borrowed cache that says ``sequence`` is narrowed to the one
+position the drafter's query has, and the chain sees no context (rule 32). :func:`name_axes`
+gives each such axis the name of what it counts (metadata.md §5):
 
 =================  ===========================================================================
 ``sequence``       the query: the tokens a pass processes (token ids, position ids, the fused
@@ -50,7 +50,7 @@ TOTAL_SEQUENCE = "total_sequence"
 KV_SEQUENCE = "kv_sequence"
 AXIS_NAMES = (SEQUENCE, PAST_SEQUENCE, TOTAL_SEQUENCE, KV_SEQUENCE)
 
-# Port roles (metadata.md §4.6) whose sequence axis is the query.
+# Port roles (``ports.roles``) whose sequence axis is the query.
 PER_TOKEN_ROLES = frozenset({"token_ids", "inputs_embeds", "position_ids", "logits",
                              "hidden_states"})
 
@@ -436,8 +436,8 @@ class _AxisClassifier:
                      for e in self._bound_port_evidence(key, index)]
             is_proposer_binding = key[0] == facts.proposer and key[0] != facts.target
             (from_proposer if is_proposer_binding else evidence).extend(found)
-        # The chain binds the proposer's borrowed caches and cuts its mask itself (runtime.md
-        # §9.2): a workflow input the target also reads takes the target's role.
+        # The chain binds the proposer's borrowed caches and cuts its mask itself: a workflow
+        # input the target also reads takes the target's role.
         if evidence:
             evidence += [e for e in from_proposer if e.role != KV_SEQUENCE]
         else:

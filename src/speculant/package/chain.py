@@ -1,6 +1,6 @@
-"""The chained speculative contract (metadata.md §4.9, runtime.md §9): rules 26–32, the
-proposal forms speculant cannot run (rule 27), admission of the embedding table and the
-widths (A6–A8), and the plan's ``ChainPlan``.
+"""The chained speculative contract (metadata.md §4.9): rules 26–32, the proposal forms
+speculant cannot run (rule 27), admission of the embedding table and the widths (A6–A8), and
+the plan's ``ChainPlan``.
 
 Derive first, then check what was derived: ``derive`` reads the chain's facts from the
 document once — the fused, seed and carry contracts, the position symbol σ (the fused port's
@@ -162,7 +162,7 @@ def _check_ports(doc: Document, out: ProblemCollector) -> None:
 
 
 def _check_carry(doc: Document, facts: ChainFacts, out: ProblemCollector) -> None:
-    """Rules 29–31 and the κ agreement of §5."""
+    """Rules 29–31, and one symbol κ on the sequence axis of every borrowed cache."""
     spec = doc.speculative
     assert spec is not None
     wf = doc.workflow
@@ -249,10 +249,10 @@ def _check_bindings(doc: Document, facts: ChainFacts, out: ProblemCollector) -> 
     pe = spec.proposal_execution
     sigma = facts.position_symbol
     if sigma is not None and sigma in facts.borrowed_symbols.values():
-        # metadata.md §6 rule 32 makes σ = κ a MetadataError. The published Gemma 4 E2B
-        # speculative example (conformance 24) names every sequence-like axis `sequence`,
-        # so σ = κ there, and published documents must validate at metadata level: speculant
-        # therefore treats it as an UnsupportedError of a runnable load, with the remedy.
+        # Rule 32 makes σ = κ a MetadataError. The published Gemma 4 E2B speculative
+        # example (conformance 24) names every sequence-like axis `sequence`, so σ = κ there,
+        # and published documents must validate at metadata level: speculant therefore treats
+        # it as an UnsupportedError of a runnable load, with the remedy.
         ports = sorted(p for p, k in facts.borrowed_symbols.items() if k == sigma)
         out.add(UnsupportedError,
                 f"the fused port '{pe.token_embedding_input}' and the borrowed cache ports "

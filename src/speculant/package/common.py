@@ -120,7 +120,8 @@ def ports_of(component: Component | None) -> tuple[dict, dict]:
 
 
 def component_roles(doc: Document) -> tuple[str | None, str | None]:
-    """(target, proposer) as §4.6 defines them; target ``None`` if it cannot be told."""
+    """(target, proposer): those of the ``speculative`` section, else the only component and
+    no proposer; target ``None`` if it cannot be told."""
     spec = doc.speculative
     if spec is not None:
         return spec.target, spec.proposer

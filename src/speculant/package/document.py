@@ -1,4 +1,4 @@
-"""Metadata document: discovery (metadata.md §2.1), parsing (§1 rule 4) and typing.
+"""Metadata document: discovery (metadata.md §2.1), parsing and typing.
 
 Parsing is strict: YAML through a safe loader that refuses duplicate mapping keys, JSON without
 duplicate keys or non-finite constants, a mapping at the root. It is also bounded, so that no
@@ -38,8 +38,8 @@ MAX_DEPTH = 100  # nesting levels of mappings and lists
 def find_metadata(root: Path) -> Path:
     """The first of ``inference_metadata.{yaml,yml,json}`` that is a regular file in ``root``.
 
-    The metadata file is confined like every other file of the package (§2.3 P2): a symlink
-    to a file outside the folder is a ``MetadataError``."""
+    The metadata file is confined like every other file of the package: a symlink to a file
+    outside the folder is a ``MetadataError``."""
     for name in METADATA_NAMES:
         candidate = root / name
         if candidate.is_file():

@@ -1,8 +1,8 @@
-"""The component graphs (metadata.md §2.2, §7 A1): parsing without external data, and the
+"""The component graphs (metadata.md §2.2, admission A1): parsing without external data, and the
 few facts admission reads from a graph (its ports, their declared shapes, static extents).
 
 Binary models are parsed without loading external data (whose locations are confined to the
-package, §2.3); text-format models (``.onnx.textproto``) must hold their initializers inline.
+package); text-format models (``.onnx.textproto``) must hold their initializers inline.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def onnx_dtype_name(elem_type: int) -> str:
 
 def read_graph(component: str, artifact: Path, root: Path, artifact_field: str,
                out: ProblemCollector) -> onnx.ModelProto | None:
-    """Parse one component's artifact; record A1 (and external-data confinement, §2.3)."""
+    """Parse one component's artifact; record A1 (and external-data confinement)."""
     file = str(artifact)
     try:
         if artifact.name.endswith(TEXTPROTO_SUFFIX):

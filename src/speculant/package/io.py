@@ -1,4 +1,4 @@
-"""Inputs, outputs, components and their ports (metadata.md §4.1–§4.6): rules 7–11, the
+"""Inputs, outputs, components and their ports (metadata.md §4.1–4.6): rules 7–11, the
 contracts speculant can bind, the target's driver roles, and admission of the declared ports
 against the graphs (A2–A4). Derives the target's port roles.
 

@@ -1,4 +1,4 @@
-"""Folder on disk -> validated :class:`Package` (metadata.md §1–§7).
+"""Folder on disk -> validated :class:`Package` (metadata.md §1–7).
 
 The features run in order, each owning its rules, its unsupported cases, its admission and
 its part of the plan: ``top`` (the top-level sections), ``io`` (inputs, outputs, components,
@@ -6,8 +6,8 @@ ports), ``steps`` (the SSA walk), ``state`` (cells, groups, rollback), ``static`
 caches), ``serving`` (the controls), ``chain`` (the chained contract).
 
 ``load_package`` runs discovery -> parse -> every feature's document checks (all collected)
--> path confinement -> admission against the graphs (only once the document passed, §1 rule
-3) -> ``derive_plan``. ``load_metadata_only`` stops after the document checks and returns the
+-> path confinement -> admission against the graphs (only once the document passed) ->
+``derive_plan``. ``load_metadata_only`` stops after the document checks and returns the
 unsupported features instead of raising them, for ``speculant inspect --metadata-only``.
 """
 
@@ -49,7 +49,7 @@ def document_problems(doc: Document, file: str = "",
 
 
 def validate_document(doc: Document, file: str = "") -> list[Problem]:
-    """Every `MetadataError` of §6 this document earns (empty when it is valid)."""
+    """Every `MetadataError` this document earns (empty when it is valid)."""
     return [p for p in document_problems(doc, file) if p.kind is MetadataError]
 
 
@@ -117,7 +117,7 @@ def load_metadata_only(path: str | Path) -> tuple[Document, list[Problem]]:
 
 
 def derive_plan(doc: Document, facts: chain.ChainFacts | None = None) -> LoadPlan:
-    """The load products of metadata.md §5, each from the feature that owns it. ``doc`` must
+    """What load derives for the runtime, each part from the feature that owns it. ``doc`` must
     have passed the document checks; ``facts``: the chain's facts when already derived."""
     target, proposer = runnable_roles(doc)
     target_inputs, target_outputs = steps.invoke_bindings(doc, target)

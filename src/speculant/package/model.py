@@ -217,7 +217,7 @@ STEP_FIELDS = {  # kind -> (allowed keys, required keys)
 
 
 class Step(Closed):
-    """One workflow step, typed per kind (§4.8). ``invoke`` and ``emit`` are executed; the
+    """One workflow step, typed per kind. ``invoke`` and ``emit`` are executed; the
     control steps (``sequence``, ``loop``, ``branch``) are typed so that the values they
     publish are known, and are reported unsupported; other kinds keep their keys for rule 16."""
 

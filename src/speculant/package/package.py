@@ -26,7 +26,7 @@ class Package:
 
     def model_source(self, component: str) -> str | bytes:
         """What ONNX Runtime opens: the path of a binary model (so external data resolves
-        beside it), or the serialized bytes of a text-format model (metadata.md §2.2)."""
+        beside it), or the serialized bytes of a text-format model."""
         path = self.artifacts[component]
         if path.name.endswith(TEXTPROTO_SUFFIX):
             return self.graphs[component].SerializeToString()

@@ -1,4 +1,4 @@
-"""What load derives for the runtime (metadata.md §5), from a document that passed §6.
+"""What load derives for the runtime (metadata.md §5), from a document that passed every check.
 
 The plan names everything the interpreter needs by role, so that nothing downstream re-reads
 the document to find out which port is the token ids or which cells roll back. Each feature
@@ -31,7 +31,7 @@ class CellPlan:
 
 @dataclass(frozen=True)
 class ChainPlan:
-    """The chained proposal, resolved (runtime.md §9.1)."""
+    """The chained proposal, resolved at load: the proposer ports the chain binds and reads."""
 
     fused_port: str  # proposer input rebuilt every step: concat(embed, carry)
     logits_output: str

@@ -1,8 +1,8 @@
 """The serving controls (metadata.md §4.7, `workflow.serving`): rule 20, and the controls the
 plan names (active, done, accepted_len -> the workflow input that carries each).
 
-speculant seeds and evolves the controls itself (runtime.md §16), so each must be a workflow
-input it can bind.
+speculant seeds the controls at admission and updates them after every pass, so each must be
+a workflow input it can bind.
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ def _check_tokenizer(doc: Document, out: ProblemCollector) -> None:
 
 
 def canonical_tokenizer(artifacts: list[TokenizerArtifact]) -> int | None:
-    """Index of the declared tokenizer artifact speculant uses (§2.4), or ``None``."""
+    """Index of the declared tokenizer artifact speculant uses: the one named
+    ``tokenizer.json``, else a sole artifact, else ``None``."""
     for index, artifact in enumerate(artifacts):
         if PurePosixPath(artifact.location.replace("\\", "/")).name == TOKENIZER_NAME:
             return index
@@ -135,7 +136,7 @@ def context_cap(doc: Document) -> int | None:
 
 
 def resolve_tokenizer(doc: Document, root: Path, problems: ProblemCollector) -> Path | None:
-    """§2.4: declared artifacts are confined and the canonical one used; otherwise
+    """Declared artifacts are confined and the canonical one used; otherwise
     ``<root>/tokenizer.json`` if present; otherwise none (text APIs then refuse)."""
     tokenizer = doc.package.tokenizer if doc.package else None
     declared = tokenizer.artifacts if tokenizer and tokenizer.artifacts else []

@@ -1,4 +1,4 @@
-"""`Backend`: what a residency's implementation of the seam provides (residency.md §3-§9).
+"""`Backend`: what a residency's implementation of the seam provides (residency.md §3-9).
 
 The seam (:class:`~speculant.tensors.seam.TensorSeam`) validates every argument and then hands
 the work to the backend of the principal operand's residency. A backend only computes; its
@@ -83,7 +83,8 @@ class Backend(Protocol):
         ...
 
     def argmax(self, x: Value) -> Value:
-        """[R] int32 token ids: the argmax rule of runtime.md §7 per row of ``x``."""
+        """[R] int32 token ids: per row of ``x``, the first index of its maximum (NaN never
+        wins; an all-NaN row yields 0)."""
         ...
 
     def distribution(self, x: Value, sampling: Sampling) -> Value:
@@ -96,7 +97,7 @@ class Backend(Protocol):
 
     def rejection(self, p: Value, q: Sequence[Value] | None, drafts: Sequence[int],
                   uniforms: Sequence[float]) -> Value:
-        """[2] int32 ``[a, token]``: the rejection sampler of one round (runtime.md §17.4)."""
+        """[2] int32 ``[a, token]``: the rejection sampler of one round."""
         ...
 
     # -- transfers and ordering -----------------------------------------------------------

@@ -6,19 +6,19 @@ ordinal is missing. It implements :class:`~speculant.tensors.backend.Backend`, w
 :class:`~speculant.tensors.host.HostBackend`. The seam (:mod:`speculant.tensors.seam`) validates
 every argument before a method here runs, so these methods only compute.
 
-**Streams (residency.md §8).** One non-blocking CuPy stream per device, shared by every
-backend in the process (two seams on one device stay ordered with each other); every kernel
-and copy below is issued under ``with Device(N), stream:``. ``stream.ptr`` is the handle
-CUDA sessions share (:meth:`CudaBackend.compute_stream`; ``session/binding.py`` passes it to
-ONNX Runtime as ``user_compute_stream``), so provider kernels and seam work run in issue
-order. In ``ordering="fence"`` mode (for when that option is unavailable) every write batch
-ends with ``stream.synchronize()``, counted in ``counters.fences``; a write outside
+**Streams.** One non-blocking CuPy stream per device, shared by every backend in the process
+(two seams on one device stay ordered with each other); every kernel and copy below is issued
+under ``with Device(N), stream:``. ``stream.ptr`` is the handle CUDA sessions share
+(:meth:`CudaBackend.compute_stream`; ``session/binding.py`` passes it to ONNX Runtime as
+``user_compute_stream``), so provider kernels and seam work run in issue order. In
+``ordering="fence"`` mode (for when that option is unavailable) every write batch ends with
+``stream.synchronize()``, counted in ``counters.fences``; a write outside
 :meth:`CudaBackend.write_batch` is a batch of its own.
 Writes are: strided window copies, gathers, scatters, ``zeros``, uploads and peer copies.
 ``argmax`` is not: its result is only ever read back by :meth:`download`, which waits for the
 stream anyway.
 
-**Counting allocator (residency.md §9).** Every buffer speculant owns is allocated here, by
+**Counting allocator.** Every buffer speculant owns is allocated here, by
 :meth:`CudaBackend._allocate`: a block from ``cupy.cuda.alloc`` (CuPy's current allocator,
 normally its stream-aware pool, so it is reused in stream order) is re-wrapped as
 ``cupy.cuda.UnownedMemory`` whose owner is a small ``_Allocation`` record, and
@@ -296,8 +296,9 @@ class CudaBackend:
         return Value(out, residency, dtype, owned=True)
 
     def argmax(self, x: Value) -> Value:
-        """runtime.md §7 exactly as residency.md §5 writes it: one kernel over float32 rows
-        (cuda_kernels.first_argmax_rows); float16 and bfloat16 are widened exactly first."""
+        """The host's argmax (each row's first maximum, NaN never wins, all-NaN -> 0) as one
+        kernel over float32 rows (cuda_kernels.first_argmax_rows); float16 and bfloat16 are
+        widened exactly first."""
         cp = self._cp
         ordinal = cuda_ordinal(x.residency)
         width = x.shape[-1]
@@ -312,8 +313,8 @@ class CudaBackend:
                                   (wide, np.int32(rows.shape[0]), np.int32(width), out))
         return Value(out, x.residency, "int32", owned=True, kind="token_ids")
 
-    # -- sampling (runtime.md §17): tensors/sampling.py over CuPy, as the host runs it over
-    # numpy; the uniforms are uploaded (a few bytes), only ids and a are read back ----------
+    # -- sampling: tensors/sampling.py over CuPy, as the host runs it over numpy; the
+    # uniforms are uploaded (a few bytes), only ids and a are read back ---------------------
     def _wide_rows(self, x: Value) -> Any:
         """``x`` as [R, V] float64 rows, widened exactly (call under ``_on``)."""
         cp = self._cp

@@ -11,7 +11,7 @@ from typing import Any
 
 ARGMAX_THREADS = 256  # threads per row (one block per row)
 
-# runtime.md §7 over float32 rows [R, V]: the first index of the row's maximum, NaN never
+# The argmax rule over float32 rows [R, V]: the first index of the row's maximum, NaN never
 # wins, a row without a non-NaN element yields 0. Each thread scans a strided slice in
 # increasing index order (strict '>' keeps the first of equal values), then the block reduces
 # the (value, index) pairs preferring the larger value, then the smaller index.

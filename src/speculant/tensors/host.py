@@ -23,7 +23,7 @@ from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
 
 
 def argmax_rows_numpy(rows: np.ndarray) -> np.ndarray:
-    """The argmax rule of runtime.md §7 over ``rows`` ``[R, V]`` (float32 already widened).
+    """The argmax of every row of ``rows`` ``[R, V]`` (float32 already widened).
 
     NaN is ignored, the lowest index wins ties, ``+inf`` wins, an all ``-inf`` row yields its
     first non-NaN index and an all-NaN row yields 0. Result ``[R]`` int32.
@@ -38,7 +38,8 @@ def argmax_rows_numpy(rows: np.ndarray) -> np.ndarray:
 
 
 def widen_rows(x: Value) -> np.ndarray:
-    """``x`` as ``[R, V]`` float32 rows, widened exactly (residency.md §4, "bfloat16")."""
+    """``x`` as ``[R, V]`` float32 rows, widened exactly (bfloat16: its bits are
+    the top half of a float32)."""
     rows = x.data.reshape(-1, x.shape[-1])  # [R, V] x.dtype
     if x.dtype == "bfloat16":
         return sampling_math.widen_bfloat16(np, rows)
@@ -99,7 +100,7 @@ class HostBackend:
         ids = argmax_rows_numpy(widen_rows(x))  # [R] int32
         return Value(ids, HOST, "int32", owned=True, kind="token_ids")
 
-    # -- sampling (runtime.md §17; the math is tensors/sampling.py, shared with CUDA) -------
+    # -- sampling (the math is tensors/sampling.py, shared with CUDA) ---------------------
     def distribution(self, x: Value, sampling: Sampling) -> Value:
         rows = widen_rows(x).astype(np.float64)  # [R, V] float64, exact
         probs = sampling_math.distribution_rows(np, rows, sampling)  # [R, V] float64

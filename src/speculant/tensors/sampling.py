@@ -7,9 +7,9 @@ the lower id through counts over id order, never through the stability of a libr
 Internally everything is float64; probability rows are stored as float32.
 
 * :func:`widen_bfloat16` reads bfloat16 scores as float32 (the one widening).
-* :func:`distribution_rows` is ``T(row)`` (§17.1): scores -> a distribution per row.
+* :func:`distribution_rows` is ``T(row)``: scores -> a distribution per row.
 * :func:`sample_rows` draws one id per row by inverse CDF with a given uniform.
-* :func:`rejection_sample` is the speculative verifier (§17.4), batched: a pure function of
+* :func:`rejection_sample` is the speculative verifier, batched: a pure function of
   ``(p, q, drafts, uniforms)``. With ``q = None`` the drafts are deterministic (``q = δ_d``).
 
 The uniforms come from the caller (one generator per request, on the host), so these
@@ -66,10 +66,10 @@ def distribution_rows(xp: ModuleType, rows: Any, sampling: Sampling) -> Any:
 
     NaN gets probability 0; the rest is ``softmax(score / temperature)``, where ``+inf``
     scores share all the mass and a row whose non-NaN scores are all ``-inf`` is one-hot at
-    its argmax (runtime.md §7; an all-NaN row is one-hot at 0). Then, in this order: keep the
-    ``top_k`` most probable ids; keep the smallest prefix of ids by descending probability
-    whose mass reaches ``top_p`` of the (renormalized) total; drop ids below ``min_p`` times
-    the largest probability; renormalize. Ties always go to the lower id.
+    its argmax (the first index of its maximum; an all-NaN row is one-hot at 0). Then, in
+    this order: keep the ``top_k`` most probable ids; keep the smallest prefix of ids by
+    descending probability whose mass reaches ``top_p`` of the (renormalized) total; drop ids
+    below ``min_p`` times the largest probability; renormalize. Ties always go to the lower id.
     """
     width = rows.shape[-1]
     is_nan = xp.isnan(rows)
@@ -109,7 +109,7 @@ def sample_rows(xp: ModuleType, probs: Any, uniforms: Any) -> Any:
 
 def rejection_sample(xp: ModuleType, p: Any, q: Any | None, drafts: Any,
                      uniforms: Any) -> tuple[Any, Any]:
-    """Speculative rejection sampling (runtime.md §17.4) for a batch of ``B`` rounds.
+    """Speculative rejection sampling for a batch of ``B`` rounds.
 
     ``p`` [B, k + 1, V]: the target's distributions at block positions 1 … k + 1 (row ``i``
     scores the token after ``block[0..i]``). ``q`` [B, k, V]: the distributions the drafts

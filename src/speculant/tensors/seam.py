@@ -54,8 +54,9 @@ def make_seam(device: str = "cpu", *, ordering: str = "shared_stream") -> Tensor
 
     For CUDA it builds a :class:`~speculant.tensors.cuda.CudaBackend` for that ordinal and
     raises :class:`ResidencyError` at once, naming the ordinal, when CuPy, a GPU or that
-    ordinal is missing. There is no silent CPU fallback (residency.md §7).
-    ``ordering`` is ``"shared_stream"`` (default) or ``"fence"`` (residency.md §8).
+    ordinal is missing. There is no silent CPU fallback.
+    ``ordering`` is ``"shared_stream"`` (default: ONNX Runtime runs on the seam's stream) or
+    ``"fence"`` (the seam synchronizes its stream after every write batch).
     """
     residency = residency_for_device(device)
     if residency == HOST:
@@ -192,7 +193,7 @@ class TensorSeam:
                                 value=axis, expected=f"0 <= axis < {v.rank}")
 
     def _window(self, op: str, v: Value, axis: int, start: int, length: int) -> Value:
-        """All narrowing: the window [start, start + length) of ``axis`` (residency.md §4)."""
+        """All narrowing: the window [start, start + length) of ``axis``."""
         self._check_axis(op, v, axis)
         extent = v.shape[axis]
         if start < 0 or length < 0 or start + length > extent:
@@ -299,7 +300,7 @@ class TensorSeam:
             return self._empty((0,), "int32", "token_ids")
         return self.backend_for("argmax_rows", x, "scores").argmax(x)
 
-    # -- sampling (runtime.md §17): rows stay where they are, only ids come back ----------
+    # -- sampling: rows stay where they are, only ids come back ---------------------------
     def distribution_rows(self, scores: Value, sampling: Sampling) -> Value:
         """``T(row)`` of every score row of ``scores`` [..., V]: [R, V] float32
         probabilities, computed where the scores live (the math: tensors/sampling.py)."""
@@ -331,7 +332,7 @@ class TensorSeam:
 
     def rejection_sample(self, p: Value, q: Sequence[Value] | None, drafts: Sequence[int],
                          uniforms: Sequence[float]) -> Value:
-        """Speculative rejection sampling of one round (runtime.md §17.4).
+        """Speculative rejection sampling of one round.
 
         ``p`` [k + 1, V] float32: the target's distributions for block positions 1 … k + 1;
         ``q``: the rows [r, V] float32 (together k) the drafts were drawn from, or None for

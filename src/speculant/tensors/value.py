@@ -16,7 +16,7 @@ FLOAT_DTYPES = tuple(name for name in NUMPY_DTYPES if DTYPES[name].is_float)
 
 
 def window_is_view(shape: Sequence[int], axis: int, length: int) -> bool:
-    """Whether the window ``length`` of ``axis`` is a view (residency.md §4, "Views and copies").
+    """Whether the window ``length`` of ``axis`` is a view.
 
     True exactly when the extents before ``axis`` multiply to 1 (the window is one contiguous
     range of the storage) or the window is the whole axis; any other window is strided and is

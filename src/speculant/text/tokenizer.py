@@ -101,7 +101,7 @@ class Tokenizer:
 
 
 class NoTokenizer:
-    """Stands in for the tokenizer of a package that has none (metadata.md §2.4 rule 3).
+    """Stands in for the tokenizer of a package that has none.
 
     Token-id APIs work without it; ``encode`` and ``decode`` raise :class:`RequestError`.
     """

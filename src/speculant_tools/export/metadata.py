@@ -3,9 +3,9 @@
 The pair follows metadata.md §8.2 with one state group ``attention`` holding every layer's
 key and value cells (``kv.{i}.key|value``, owned by ``target``); the drafter ``assistant``
 borrows the last layer's two cells through ``read_only`` aliases. The draft-model package
-follows §8.1 (component ``decoder``). Shape symbols: ``sequence`` (tokens of a pass),
-``past_sequence`` (cache it reads), ``total_sequence`` (cache it returns, and the mask),
-``kv_sequence`` (cache the drafter borrows).
+follows the greedy-decoder example (component ``decoder``). Shape symbols: ``sequence``
+(tokens of a pass), ``past_sequence`` (cache it reads), ``total_sequence`` (cache it returns,
+and the mask), ``kv_sequence`` (cache the drafter borrows).
 
 :func:`static_cache_form` turns either document into the static-cache form of catalogue
 document 18 (fixed-capacity cells written by ``indexed_scatter``, ``logical_lengths``); the
@@ -146,7 +146,7 @@ def _document(c: LlamaConfig, dtype: str, tokenizer: TokenizerFacts,
 
 def decoder_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
                      rollback_positions: int = 8, component: str = "decoder") -> dict[str, Any]:
-    """A plain greedy decoder package (metadata.md §8.1)."""
+    """A plain greedy decoder package, its one component named ``component``."""
     c = config
     document = _document(c, dtype, tokenizer, {
         "components": {component: {
@@ -163,7 +163,7 @@ def decoder_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts,
 def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
                   scale: float, max_proposal_width: int = 8,
                   rollback_positions: int = 8) -> dict[str, Any]:
-    """The chained pair (metadata.md §8.2, one group): ``target`` and ``assistant``."""
+    """The chained pair (one state group): ``target`` and ``assistant``."""
     c = config
     last = c.num_hidden_layers - 1
     fused = contract(dtype, ["batch", "sequence", 2 * c.hidden_size])
@@ -187,7 +187,7 @@ def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
         "state": _cells(c, dtype),
         "steps": [
             _decoder_invoke(c, "target", with_hidden=True),
-            # Declares the chain's bindings; a pass never executes it (runtime.md §9.2).
+            # Declares the chain's bindings; a pass never executes it (the chain binds it).
             {"kind": "invoke", "component": "assistant", "inputs": {
                 "inputs_embeds": "request.inputs_embeds",
                 "position_ids": "request.position_ids",

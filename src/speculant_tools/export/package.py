@@ -76,7 +76,7 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
                        external_data: bool | None = None, graph: str = "auto",
                        cache: str = "appended") -> Path:
     """The chained pair: ``target/model.onnx``, ``assistant/model.onnx``,
-    ``inference_metadata.yaml`` (metadata.md §8.2 shape), ``tokenizer.json``.
+    ``inference_metadata.yaml`` (the standard's chained-pair example), ``tokenizer.json``.
 
     ``target_config``: a :class:`LlamaConfig`, a ``transformers`` config or a config.json
     mapping. ``scale`` defaults to ``sqrt(hidden_size)``; ``rollback_positions`` to
@@ -115,7 +115,7 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
                           rollback_positions: int = DEFAULT_ROLLBACK,
                           external_data: bool | None = None, graph: str = "auto",
                           cache: str = "appended") -> Path:
-    """A plain greedy decoder package (metadata.md §8.1; component ``decoder``) for a
+    """A plain greedy decoder package (the standard's example; component ``decoder``) for a
     ``LlamaForCausalLM``: the separate draft model. ``cache``: ``appended`` or ``static``."""
     config = LlamaConfig.from_hf(config)
     dtype, cache = check_dtype(dtype), check_cache(cache)
