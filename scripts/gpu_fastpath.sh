@@ -10,7 +10,7 @@ set -u
 phase=${1:?phase: tests or bench}
 out=${2:?OUT_DIR}
 mkdir -p "$out"
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1  # not tests/: its builders shadows genai's
 py=python3
 prompts=docs/benchmarks/val8-prompts.json
 stage() { echo "== $1 ($(date +%T))"; }
@@ -28,7 +28,7 @@ tests)
   setsid nohup bash -c "$(declare -f build); py=$py; build > /tmp/build.log 2>&1; echo exit \$? >> /tmp/build.log" \
     > /dev/null 2>&1 < /dev/null &
   stage "CUDA tests (JUnit) and the chained fixture runs"
-  timeout 330 $py scripts/cuda_evidence.py /tmp/evidence 2>&1 | tail -30
+  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 330 $py scripts/cuda_evidence.py /tmp/evidence 2>&1 | tail -30
   cp /tmp/evidence/cuda-residency.json "$out/" 2>/dev/null
   stage "generate on CUDA: static float16 demo pair, chained k=auto, --stats"
   for i in $(seq 60); do [ -d /tmp/draft16s ] && break; sleep 2; done
@@ -47,6 +47,17 @@ bench)
     --warmup 1 --repeats 3 --k 2 --k 4 --out /tmp/b/cuda-real1b > /tmp/b.log 2>&1
   tail -60 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b/ 2>/dev/null
   tar -cf "$out/cuda-real1b.tar" -C /tmp/b cuda-real1b
+  stage done
+  ;;
+genai)  # the anchor run alone: build here, then speculant's chained and prompt lookup beside
+        # onnxruntime-genai (default and CUDA-graph runners) on the realistic ~1B pair
+  stage "build"; build > /tmp/build.log 2>&1; tail -2 /tmp/build.log
+  stage "bench: realistic ~1B float16 static pair, onnxruntime-genai anchor"
+  timeout 420 $py -m speculant bench /tmp/real1b --device cuda --prompts $prompts \
+    --proposer chained --proposer prompt_lookup --anchors genai --anchor-dir /tmp/anchors \
+    --new-tokens 64 --warmup 1 --repeats 3 --k 2 --k 4 --out /tmp/b/cuda-real1b-genai > /tmp/b.log 2>&1
+  tail -60 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-genai/ 2>/dev/null
+  tar -cf "$out/cuda-real1b-genai.tar" -C /tmp/b cuda-real1b-genai
   stage done
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
