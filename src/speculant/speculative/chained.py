@@ -29,7 +29,7 @@ SCALE_ROWS_PER_CHUNK = 4096
 def read_scaled_table(package: Package, chain: ChainPlan) -> np.ndarray:
     """The declared embedding table ``[V_E, W_E]``, read from the target artifact and scaled
     once: each element becomes ``round_currency(f32(element) · f32(round_currency(scale)))``,
-    walking bounded row chunks so the whole table is never widened (runtime.md §9.3). Load
+    walking bounded row chunks so the whole table is never widened. Load
     admitted the table (an initializer of the target, in the chain's currency: A6)."""
     graph = package.graphs[package.plan.target].graph
     initializer = next(i for i in graph.initializer if i.name == chain.table)
@@ -105,7 +105,7 @@ class ChainedProposer:
             raise ChainError(f"token {last} is outside the embedding table's {table.shape[0]} "
                              "rows", value=last, expected=f"0 <= id < {table.shape[0]}")
         drafts: list[int] = []
-        probs: list[Value] = []  # q_j = T(step j's row) when sampling (runtime.md §17.3)
+        probs: list[Value] = []  # q_j = T(step j's row) when sampling
         for j in range(k + 1):
             with seam.write_batch():  # one step's fused input: concat(table[last], carry)
                 seam.scatter_into_last_axis(fused, seam.gather_rows(table, [last]), 0)
@@ -167,7 +167,7 @@ class ChainedProposer:
         return self.seam.adopt(self.seam.last_along_axis(step_carry, step_carry.rank - 2),
                                self.residency)
 
-    # -- bindings fixed for one proposal (runtime.md §9.2) ---------------------------------
+    # -- bindings fixed for one proposal ---------------------------------------------------
     def _fixed_bindings(self, state: DecodeState) -> dict[str, Value]:
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None

@@ -1,6 +1,6 @@
 """The draft-model proposer (runtime.md §18): a second greedy decoder that drafts by decoding.
 
-A draft model is another package (a greedy decoder, metadata.md §8.1) loaded beside the target,
+A draft model is another package (a greedy decoder) loaded beside the target,
 on the same device and the same tensor seam (so its passes follow the target's residency rules:
 its logits are reduced to an id where they live and only the id is read back). Its passes run
 through the same :class:`TargetPass` as the target's, and its rollback through the same
@@ -55,7 +55,7 @@ class DraftModel:
 
     def start(self, request: Request, k: int, *, target_logits_width: int | None,
               target_tokenizer_vocab: int | None) -> DraftModelProposer:
-        """Admit ``request`` on the draft side (runtime.md §18) and return its proposer:
+        """Admit ``request`` on the draft side and return its proposer:
         the vocabulary must equal the target's, its groups must allow rolling back
         ``k − 1`` positions, and its own admission must pass."""
         root = str(self.package.root)
@@ -113,7 +113,7 @@ class DraftModelProposer:
         if cap is not None:  # its caches may reach extent cap - 1, as the target's do
             k = min(k, cap - 1 - state.consumed)
         drafts: list[int] = []
-        probs: list[Value] = []  # q_i = T(row i) when sampling (runtime.md §17.3)
+        probs: list[Value] = []  # q_i = T(row i) when sampling
         pending = state.tokens[len(self.tokens):state.consumed + 1]  # x[D..C]
         for _ in range(max(k, 0)):
             draft_pass = runner.run(pending, len(self.tokens), self.cells, self.admitted,

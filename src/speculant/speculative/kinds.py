@@ -47,7 +47,7 @@ class ProposerSources:
     draft: DraftModel | None  # the draft model loaded beside the target, if any
     logits_width: int | None  # the target's, to check a draft's vocabulary against
     tokenizer_vocab: int | None
-    can_auto_enable: bool  # the package's auto-enable rule holds (runtime.md §2.4)
+    can_auto_enable: bool  # the package's auto-enable rule holds
     costs: WidthCosts = field(default_factory=WidthCosts)  # measured, for k="auto"
 
 
@@ -175,7 +175,7 @@ def resolve(name: str | None, sources: ProposerSources) -> ProposerKind | None:
 
 def admit_proposer(sources: ProposerSources, request: Request) -> tuple[ProposerKind | None,
                                                                           int]:
-    """The request's kind and k (runtime.md §2.4, §18): k defaults to the kind's default and
+    """The request's kind and k: k defaults to the kind's default and
     must lie within its bound (``"auto"``: k is the largest width the controller may pick,
     the kind's default); the kind's own check runs last."""
     kind = resolve(request.options.proposer, sources)

@@ -35,7 +35,7 @@ class Admitted:
     fixed: Mapping[str, Value]  # workflow value -> value bound into every pass
     defaults: Mapping[str, WorkflowInput]  # materialized per pass at the pass's resolved shape
     initial_controls: Mapping[str, Value]  # "active"/"done"/"accepted_len" -> seeded value
-    context_cap: int | None  # M (runtime.md §13); None: no cap
+    context_cap: int | None  # M: the context cap; None: no cap
     sampling: Sampling | None = None  # T(row) in force; None: greedy
 
 
@@ -80,7 +80,7 @@ def _caller_value(name: str, spec: WorkflowInput, array: np.ndarray) -> Value:
 def admit_request(plan: LoadPlan, inputs_spec: Mapping[str, WorkflowInput], request: Request,
                   *, vocab_size: int | None, static_context_cap: int | None,
                   never_materialized: Sequence[str] = ()) -> Admitted:
-    """Admit ``request`` (runtime.md §2.1-§2.4); raise `RequestError` naming what is wrong.
+    """Admit ``request`` ; raise `RequestError` naming what is wrong.
     Its options are already checked by type and range."""
     prompt = request.prompt_ids
     if len(prompt) == 0:
@@ -113,7 +113,7 @@ def admit_request(plan: LoadPlan, inputs_spec: Mapping[str, WorkflowInput], requ
                                    path=name)
             continue
         control = controls_by_value.get(name)
-        if control is not None:  # §2.2: caller > default > role seed
+        if control is not None:  # caller > default > role seed
             if caller is not None:
                 controls[control] = _caller_value(name, spec, caller)
             elif spec.default is not None:
@@ -127,7 +127,7 @@ def admit_request(plan: LoadPlan, inputs_spec: Mapping[str, WorkflowInput], requ
             fixed[name] = _caller_value(name, spec, caller)
         elif spec.source.kind == "request":  # rule 3
             fixed[name] = _request_role_value(name, spec, request)
-        elif name in never_materialized:  # the chain builds it (§9.3)
+        elif name in never_materialized:  # the chain builds it
             continue
         elif spec.default is not None:  # rule 4
             defaults[name] = spec
@@ -178,7 +178,7 @@ def _request_role_value(name: str, spec: WorkflowInput, request: Request) -> Val
 
 
 def sampling_of(options: GenerationOptions) -> Sampling | None:
-    """The sampling settings in force (runtime.md §17); None for greedy. The options are
+    """The sampling settings in force (temperature above 0); None for greedy. The options are
     checked already."""
     if options.temperature == 0:
         return None

@@ -205,7 +205,7 @@ class DecodeState:
                     (done is not None and bool(done.data.reshape(-1)[0])))
 
     def capped_width(self, k: int) -> int:
-        """k_r = min(k, R − 1, M − L − 1) (runtime.md §13); k is already <= the bound."""
+        """k_r = min(k, R − 1, M − L − 1) ; k is already <= the bound."""
         width = min(k, self.rules.max_new_tokens - self.num_generated - 1)
         if self.rules.context_cap is not None:
             width = min(width, self.rules.context_cap - len(self.tokens) - 1)
