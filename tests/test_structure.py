@@ -134,7 +134,7 @@ LAYERS = {
 }
 # The line budget of the runtime (src/speculant, the served API included): a ceiling, written
 # down so growth is a decision. Tools and bench have their own homes and no budget here.
-RUNTIME_LINE_BUDGET = 10_000
+RUNTIME_LINE_BUDGET = 11_000
 MODULE_LINE_LIMIT = 500
 
 

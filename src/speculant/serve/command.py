@@ -38,8 +38,8 @@ def serve(
     proposer: Annotated[str | None, typer.Option(help="Default proposer of requests: "
                                                       + ", ".join(PROPOSERS) +
                                                       " (default: plain decoding).")] = None,
-    k: Annotated[int | None, typer.Option(help="Default drafts per round (default: the "
-                                               "proposer's).")] = DEFAULTS["k"],
+    k: Annotated[str, typer.Option(help="Default drafts per round: auto (picked each round) "
+                                        "or a number.")] = str(DEFAULTS["k"]),
     max_tokens: Annotated[int, typer.Option(help="Default max_tokens of "
                                                  "requests.")] = DEFAULTS["max_new_tokens"],
     temperature: Annotated[float, typer.Option(help="Default temperature (0: "
@@ -68,7 +68,8 @@ def serve(
         require("serve")
         from speculant import GenerationOptions
 
-        defaults = GenerationOptions(max_new_tokens=max_tokens, proposer=proposer, k=k,
+        k_value: str | int = int(k) if k.strip().isdigit() else k  # "auto", or refused below
+        defaults = GenerationOptions(max_new_tokens=max_tokens, proposer=proposer, k=k_value,
                                      temperature=temperature, top_p=top_p, seed=seed)
         name = model_name or _model_name(package)
         if ray:

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class DecodeStats:
-    """Kept by the decode state's owner; every accounting identity (drafts = accepted + rejected, ...) holds on it."""
+    """Kept by the decode state's owner; every accounting identity (drafts = accepted +
+    rejected, ...) holds on it."""
 
     proposer: str | None = None  # the proposer kind of the run (None: plain decode)
     rounds: int = 0  # rounds with k_r >= 1 (a proposal, a verification pass, a commit)
