@@ -138,9 +138,9 @@ def _served_model(url: str) -> str:
 
 
 def _prompts(args: argparse.Namespace) -> list:
-    from speculant.cli import demo_package
+    from speculant.package.builtin import resolve_package
 
-    folder = demo_package() if args.package == "demo" else Path(args.package)
+    folder = resolve_package(args.package)
     path = folder / "val_prompts.json"
     if path.exists():
         return [p["prompt"] for p in json.loads(path.read_text())["prompts"]]

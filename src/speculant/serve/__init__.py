@@ -8,7 +8,6 @@ extra to install when one is missing. Nothing in the runtime imports this packag
 from __future__ import annotations
 
 from importlib import import_module
-from pathlib import Path
 from typing import Any
 
 from speculant.errors import SpeculantError
@@ -34,13 +33,9 @@ def require(extra: str) -> None:
 
 def load_engine(package: str, device: str = "cpu", draft: str | None = None,
                 threads: int | None = None) -> Any:
-    """``speculant.load(package)``, where ``package`` may also be ``demo`` (the bundled demo
-    package) until ``speculant.load`` resolves built-in names itself; ``threads``: ONNX
-    Runtime's intra-op threads per session (None: ORT's default)."""
+    """``speculant.load(package)`` (a folder or a built-in name such as ``smollm2`` or
+    ``demo``); ``threads``: ONNX Runtime's intra-op threads per session (None: ORT's
+    default)."""
     import speculant
 
-    if package == "demo" and not Path(package).is_dir():
-        from speculant.cli import demo_package
-
-        package = str(demo_package())
     return speculant.load(package, device=device, draft=draft, threads=threads)
