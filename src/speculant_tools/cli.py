@@ -109,6 +109,9 @@ def import_command(
                                                       "MatMulNBits (float32 compute, so "
                                                       "speculation stays exact).")] = None,
     graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
+    cache: Annotated[str, typer.Option(help="The KV caches' form: static (fixed-capacity "
+                                            "buffers written in place, rollback moves no "
+                                            "bytes; the default) or appended.")] = "static",
 ) -> None:
     """Write a speculant package from a GGUF file or a model folder."""
     from speculant_tools.importers import import_model
@@ -117,7 +120,7 @@ def import_command(
     try:
         with import_progress(f"importing {source}") as progress:
             import_model(source, out, dtype=dtype, quantize=quantize, graph=graph,
-                         progress=progress)
+                         cache=cache, progress=progress)
     except SpeculantError as error:
         fail(error)
         return

@@ -28,3 +28,10 @@ def gguf_path(tmp_path_factory, weights) -> Path:
 @pytest.fixture(scope="session")
 def imported(tmp_path_factory, gguf_path) -> Path:
     return import_model(gguf_path, tmp_path_factory.mktemp("imported") / "package")
+
+
+@pytest.fixture(scope="session")
+def imported_appended(tmp_path_factory, gguf_path) -> Path:
+    """The same import with appended caches: the IO form of onnxruntime-genai's builder."""
+    return import_model(gguf_path, tmp_path_factory.mktemp("appended") / "package",
+                        cache="appended")

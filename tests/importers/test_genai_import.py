@@ -50,12 +50,12 @@ def genai_config(config: LlamaConfig, **decoder_inputs) -> dict:
 
 
 @pytest.fixture
-def genai_folder(imported, tmp_path) -> Path:
+def genai_folder(imported_appended, tmp_path) -> Path:
     folder = tmp_path / "genai"
     folder.mkdir()
-    shutil.copyfile(imported / "decoder" / "model.onnx", folder / "model.onnx")
+    shutil.copyfile(imported_appended / "decoder" / "model.onnx", folder / "model.onnx")
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(imported / name, folder / name)
+        shutil.copyfile(imported_appended / name, folder / name)
     (folder / "genai_config.json").write_text(json.dumps(genai_config(CONFIG)))
     return folder
 

@@ -69,7 +69,7 @@ def _import_smollm2(gguf: Path, out: Path) -> None:
         checkpoint = read_gguf(gguf, progress)
         drafter = read_drafter(DRAFTER_DIR, checkpoint.config)
         progress("writing the float32 graphs", 0, 1)
-        write_checkpoint(checkpoint, out, dtype="float32", drafter=drafter)
+        write_checkpoint(checkpoint, out, dtype="float32", drafter=drafter, cache="static")
         progress("done", 1, 1)
 
 

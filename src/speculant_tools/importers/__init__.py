@@ -72,8 +72,10 @@ def read_checkpoint(source: str | Path, progress: Progress | None = None) -> Che
 
 def import_model(source: str | Path, out: str | Path, *, dtype: str = "float32",
                  quantize: str | None = None, graph: str = "auto",
-                 progress: Progress | None = None) -> Path:
-    """Write the speculant package of ``source`` into ``out`` (a new or empty folder)."""
+                 cache: str = "static", progress: Progress | None = None) -> Path:
+    """Write the speculant package of ``source`` into ``out`` (a new or empty folder), its
+    caches in ``cache`` form (``static``: the fast path, docs/design/static-cache.md; or
+    ``appended``). An onnxruntime-genai folder keeps its own graph's form."""
     check_quantize(quantize, dtype)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -90,7 +92,8 @@ def import_model(source: str | Path, out: str | Path, *, dtype: str = "float32",
     checkpoint = read_checkpoint(source, progress)
     if progress is not None:
         progress(f"writing the {dtype} graph", 0, 1)
-    write_checkpoint(checkpoint, out, dtype=dtype, graph=graph, quantize=quantize)
+    write_checkpoint(checkpoint, out, dtype=dtype, graph=graph, quantize=quantize,
+                     cache=cache)
     if progress is not None:
         progress(f"wrote {out}", 1, 1)
     return out

@@ -59,10 +59,11 @@ class Checkpoint:
 
 def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "float32",
                      graph: str = "auto", quantize: str | None = None,
-                     drafter: Drafter | None = None) -> Path:
+                     drafter: Drafter | None = None, cache: str = "appended") -> Path:
     """Write ``checkpoint`` as a package in ``out``: a chained pair with ``drafter``, a
     greedy decoder without; ``tokenizer.json`` and ``tokenizer_config.json`` beside.
-    ``quantize="int4"``: the target's linear layers as MatMulNBits (``importers.int4``)."""
+    ``quantize="int4"``: the target's linear layers as MatMulNBits (``importers.int4``);
+    ``cache``: the caches' form, ``appended`` or ``static`` (docs/design/static-cache.md)."""
     check_quantize(quantize, dtype)
     out = Path(out)
     with tempfile.TemporaryDirectory() as scratch:
@@ -70,14 +71,15 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
         tokenizer.write_text(checkpoint.tokenizer_json, encoding="utf-8")
         if drafter is None:
             write_decoder_package(out, checkpoint.weights, checkpoint.config, tokenizer,
-                                  dtype=dtype, eos_id=checkpoint.eos_id, graph=graph)
+                                  dtype=dtype, eos_id=checkpoint.eos_id, graph=graph,
+                                  cache=cache)
         else:
             config = replace(checkpoint.config,
                              drafter_intermediate_size=drafter.intermediate_size)
             write_pair_package(out, checkpoint.weights, config, drafter.weights, tokenizer,
                                dtype=dtype, scale=drafter.scale,
                                max_proposal_width=drafter.max_proposal_width,
-                               eos_id=checkpoint.eos_id, graph=graph)
+                               eos_id=checkpoint.eos_id, graph=graph, cache=cache)
     if quantize == "int4":
         from speculant_tools.importers.int4 import quantize_int4
 
