@@ -264,6 +264,12 @@ def print_stats(run_stats) -> None:
                      highlight=False)
     if run_stats.cuda_graphs is not None:
         stderr.print(f"cuda graphs: {run_stats.cuda_graphs}", highlight=False)
+    read_back = run_stats.residency.get("device_readback_bytes", 0)
+    if read_back and run_stats.rounds:  # 4 bytes per single-token pass (prefill, greedy steps)
+        per_round = (read_back - 4 * (1 + run_stats.greedy_steps)) / run_stats.rounds
+        stderr.print(f"read-back: {read_back} bytes, {per_round:.1f} per round (token ids "
+                     f"and counts only), rollback bytes moved: "
+                     f"{run_stats.rollback_bytes_moved}", highlight=False)
     table = Table(title="counters", show_header=False)
     for key, value in run_stats.as_dict().items():
         if key in ("trace", "proposed_at", "accepted_at", "acceptance_by_position",

@@ -49,7 +49,7 @@ class Engine:
     def __init__(self, package: Package, device: str = "cpu", *, use_tf32: bool = False,
                  outputs_on_host: bool = False, ordering: str = "shared_stream",
                  threads: int | None = None, draft: Package | None = None,
-                 cuda_graphs: bool | str = "auto") -> None:
+                 cuda_graphs: bool | str = "auto", overlap: bool = True) -> None:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
         the host-staged configuration that parity tests compare against, never a default.
         ``threads`` sets ONNX Runtime's intra-op thread count of every session (None: ORT's
@@ -57,7 +57,10 @@ class Engine:
         the target as its draft model (``proposer="draft"``), on the same device.
         ``cuda_graphs`` (True, False, ``"auto"``: on where the package has static caches and
         the device is CUDA) captures each pass plan as a CUDA graph (``session/graphs.py``);
-        :attr:`cuda_graphs` says what each session does, and every decode's stats carry it."""
+        :attr:`cuda_graphs` says what each session does, and every decode's stats carry it.
+        ``overlap``: on CUDA, pass plans whose buffers are all on the device return once
+        their work is queued, so the host prepares the next step meanwhile (False: every
+        run waits for its work, ORT's default)."""
         self.package = package
         self.device = residency_for_device(device)
         self.seam = make_seam(self.device, ordering=ordering)
@@ -71,7 +74,7 @@ class Engine:
                                    self.device, self.seam, use_tf32=use_tf32,
                                    outputs_on_host=outputs_on_host,
                                    artifact=str(package.artifacts[name]), threads=threads,
-                                   cuda_graphs=graphs)
+                                   cuda_graphs=graphs, overlap=overlap)
             for name in (plan.target, plan.proposer) if name is not None}
         self.cuda_graphs = "; ".join(f"{name}: {session.graphs.describe()}"
                                      for name, session in self.sessions.items())
@@ -89,6 +92,7 @@ class Engine:
             plan, self.proposer, self.draft, self.vocab_size, self.tokenizer.vocab_size,
             can_auto_enable=_can_auto_enable(package), costs=WidthCosts())
         target_session = self.sessions[plan.target]
+        target_session.times_to_completion = True  # a verify's time includes what it waits on
         target_session.observers.append(self.proposer_sources.costs.verify_observer(
             target_session.ports.roles))
         self._turns = Turns()

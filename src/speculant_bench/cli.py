@@ -39,8 +39,8 @@ def bench(
     proposer: Annotated[list[str] | None, typer.Option(help="Proposer to run (repeatable; "
                                                             "default: chained, draft, "
                                                             "prompt_lookup).")] = None,
-    k: Annotated[list[int] | None, typer.Option(help="Drafts per round (repeatable; default: "
-                                                     "1 2 4 8).")] = None,
+    k: Annotated[list[str] | None, typer.Option(help="Drafts per round, or auto (repeatable; "
+                                                     "default: 1 2 4 8 auto).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.md and the "
                                            "PNGs.")] = Path("bench-out"),
     anchors: Annotated[list[str] | None, typer.Option(
@@ -58,8 +58,13 @@ def bench(
     from speculant_bench.anchors import parse_anchors
     from speculant_bench.command import bench as run_bench_command
     from speculant_bench.run import BenchConfig
-    from speculant_bench.runners import KS, PROPOSERS
+    from speculant_bench.runners import KS, PROPOSERS, parse_k
 
+    try:
+        ks = tuple(parse_k(value) for value in k) if k else KS
+    except ValueError as error:
+        fail(RequestError(str(error), path="--k", value=k, expected="an int >= 1 or auto"))
+        return
     try:
         anchor_names = parse_anchors(anchors)
     except ValueError as error:
@@ -69,7 +74,7 @@ def bench(
     config = BenchConfig(package or Path(DEFAULT_PACKAGE), device=device, draft=draft,
                          prompts_file=prompts, new_tokens=new_tokens, warmup=warmup,
                          repeats=repeats, threads=threads,
-                         proposers=tuple(proposer or PROPOSERS), ks=tuple(k or KS),
+                         proposers=tuple(proposer or PROPOSERS), ks=ks,
                          anchors=anchor_names, anchor_dir=anchor_dir)
     try:
         report = run_bench_command(config, out, shlex.join(["speculant", *sys.argv[1:]]),

@@ -325,8 +325,11 @@ def plot(report: dict, out: Path) -> list[Path]:
         ax.axhline(g["median"], color="black", linestyle="--", label="greedy")
         ax.axhspan(g["min"], g["max"], color="black", alpha=0.1)
     for proposer in dict.fromkeys(r["proposer"] for r in speculative):
-        rows = sorted((r for r in speculative if r["proposer"] == proposer),
-                      key=lambda r: r["k"])
+        rows = sorted((r for r in speculative if r["proposer"] == proposer and
+                       isinstance(r["k"], int)), key=lambda r: r["k"])
+        for auto in (r for r in speculative if r["proposer"] == proposer and r["k"] == "auto"):
+            ax.axhline(auto["decode_tokens_per_s"]["median"], linestyle=":",
+                       label=f"{proposer} k=auto")
         ks = [r["k"] for r in rows]
         medians = [r["decode_tokens_per_s"]["median"] for r in rows]
         below = [m - r["decode_tokens_per_s"]["min"] for m, r in zip(medians, rows, strict=True)]
@@ -334,7 +337,8 @@ def plot(report: dict, out: Path) -> list[Path]:
         ax.errorbar(ks, medians, yerr=[below, above], marker="o", capsize=3, label=proposer)
     anchor_report.plot_on(ax, report)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(report["config"]["k"], [str(k) for k in report["config"]["k"]])
+    fixed = [k for k in report["config"]["k"] if isinstance(k, int)]
+    ax.set_xticks(fixed, [str(k) for k in fixed])
     ax.set_xlabel("k (drafts per round)")
     ax.set_ylabel("decode tokens/s (median, min–max)")
     ax.set_ylim(bottom=0)

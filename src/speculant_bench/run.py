@@ -47,7 +47,7 @@ class BenchConfig:
     repeats: int = 5  # timed passes over the prompt set, per runner
     threads: int | None = None  # ORT intra-op threads; None: every CPU this process may use
     proposers: tuple[str, ...] = PROPOSERS
-    ks: tuple[int, ...] = KS
+    ks: tuple[int | str, ...] = KS
     widths: tuple[int, ...] = VERIFY_WIDTHS
     width_repeats: int = 20
     anchors: tuple[str, ...] = ()  # other runtimes in the same run: "hf", "genai"
@@ -149,7 +149,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
         anchors = prepare_anchors(config.anchors, package=Path(config.package),
                                   draft=Path(config.draft) if config.draft else None,
                                   device=config.device, threads=threads,
-                                  proposers=config.proposers, ks=config.ks,
+                                  proposers=config.proposers,
+                                  ks=tuple(k for k in config.ks if isinstance(k, int)),
                                   reference=reference, check_prompt=prompts.prompts[0],
                                   work=config.anchor_dir, note=progress.note)
     try:

@@ -15,13 +15,13 @@ from speculant.speculative.kinds import NAMES
 from speculant.workflow.options import GenerationOptions
 
 PROPOSERS = NAMES  # every proposer kind a bench asks for by default
-KS = (1, 2, 4, 8)
+KS: tuple[int | str, ...] = (1, 2, 4, 8, "auto")  # "auto": the controller picks per round
 
 
 @dataclass(frozen=True)
 class Runner:
     proposer: str | None = None  # None: plain greedy decoding
-    k: int = 0  # drafts per round (0 for greedy)
+    k: int | str = 0  # drafts per round (0 for greedy), or "auto"
 
     @property
     def name(self) -> str:
@@ -39,7 +39,8 @@ class Runner:
                                  proposer=self.proposer, k=self.k)
 
 
-def runner_list(proposers: Sequence[str] = PROPOSERS, ks: Sequence[int] = KS) -> list[Runner]:
+def runner_list(proposers: Sequence[str] = PROPOSERS,
+                ks: Sequence[int | str] = KS) -> list[Runner]:
     return [Runner(), *(Runner(p, k) for p in proposers for k in ks)]
 
 
@@ -52,3 +53,13 @@ def why_unavailable(engine: Engine, runner: Runner, prompt: Sequence[int]) -> st
     except RequestError as error:
         return str(error)
     return None
+
+
+def parse_k(text: str) -> int | str:
+    """A ``--k`` value: a positive int, or ``auto``."""
+    if text == "auto":
+        return text
+    value = int(text)  # ValueError names the text
+    if value < 1:
+        raise ValueError(f"k must be >= 1 or auto, got {value}")
+    return value

@@ -150,8 +150,8 @@ def run_recorded(engine: speculant.Engine, mp: pytest.MonkeyPatch, prompt, k: in
     run_pass = engine.target.run
     serving = engine.package.plan.serving
 
-    def recording_run(tokens, start, cells, admitted, controls):
-        vp = run_pass(tokens, start, cells, admitted, controls)
+    def recording_run(tokens, start, cells, admitted, controls, **options):
+        vp = run_pass(tokens, start, cells, admitted, controls, **options)
         rec.passes.append(vp)
         rec.bound_controls.append({c: _host_copy(vp.values[name]) for c, name in serving.items()
                                    if name in vp.values})
@@ -421,8 +421,8 @@ def plant_borrowed_cache(mp: pytest.MonkeyPatch, how: str) -> None:
     """
     original = ChainedProposer._fixed_bindings
 
-    def planted(self: ChainedProposer, state: DecodeState) -> dict[str, Value]:
-        fixed = original(self, state)
+    def planted(self: ChainedProposer, state: DecodeState, step_plan=None) -> dict[str, Value]:
+        fixed = original(self, state, step_plan)
         for port, cell_name in self.chain.borrowed.items():
             cell = self.package.plan.cells[cell_name]
             correct = fixed[port]
@@ -479,7 +479,7 @@ def _propose_without_bootstrap(self: ChainedProposer, state: DecodeState,
     """runtime.md §9.4 without step 0: the first step embeds p with carry_0 and its
     prediction is taken as d_1 (k invocations)."""
     vp, keep, seam, chain = state.latest, state.num_kept, self.seam, self.chain
-    fixed = self._fixed_bindings(state)
+    fixed = self._fixed_bindings(state, None)
     carry = seam.slice_axis(vp.seed, vp.seed.rank - 2, keep - 1, 1)
     table = self.table
     fused = seam.zeros(self._step_shape(table.shape[1], carry.shape[-1]), chain.currency,

@@ -49,9 +49,9 @@ def run_draft(engine, monkeypatch, prompt, k, max_new_tokens=MAX_NEW, **options)
         kept.append(min(length, len(self.tokens)))
         roll_back(self, length)
 
-    def recording_run(tokens, start, cells, admitted, controls):
+    def recording_run(tokens, start, cells, admitted, controls, **options):
         sizes.append(len(tokens))
-        return run(tokens, start, cells, admitted, controls)
+        return run(tokens, start, cells, admitted, controls, **options)
 
     def recording_propose(self, state, width):
         sizes.clear()

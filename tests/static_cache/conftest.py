@@ -44,3 +44,13 @@ def draft_packages(tmp_path_factory, tokenizer_file) -> dict[str, Path]:
     return {cache: write_decoder_package(base / cache, DRAFT_WEIGHTS, DRAFT_CONFIG,
                                          tokenizer_file, cache=cache)
             for cache in ("appended", "static")}
+
+
+@pytest.fixture(scope="session")
+def demo_static(tmp_path_factory) -> Path:
+    """The bundled (trained) demo pair rebuilt with static caches, node by node float32."""
+    import speculant
+    from speculant_tools.export import convert
+
+    demo = Path(speculant.__file__).parent / "demo"
+    return convert(demo, tmp_path_factory.mktemp("demo") / "static", "float32", cache="static")

@@ -5,8 +5,6 @@ width (a typed ContractError, never a silent run)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import speculant
@@ -90,15 +88,6 @@ def test_a_plan_replayed_with_the_wrong_width_is_caught(engine, monkeypatch):
     with pytest.raises(ContractError, match=r"'input_ids' was planned as \[1, 1\] int64"):
         list(decode)
     assert cells.plans[3].num_runs == runs
-
-
-@pytest.fixture(scope="module")
-def demo_static(tmp_path_factory):
-    """The bundled (trained) demo pair rebuilt with static caches, node by node float32."""
-    from speculant_tools.export import convert
-
-    demo = Path(speculant.__file__).parent / "demo"
-    return convert(demo, tmp_path_factory.mktemp("demo") / "static", "float32", cache="static")
 
 
 def test_the_wrong_layer_accepts_fewer_drafts_on_the_trained_pair(demo_static, monkeypatch):

@@ -98,9 +98,9 @@ def passes(monkeypatch) -> list[RecordedPass]:
     invoked: list[dict[str, np.ndarray]] = []
     original_run, original_invoke = TargetPass.run, ComponentSession.invoke
 
-    def run(self, tokens, start, cells, admitted, controls):
+    def run(self, tokens, start, cells, admitted, controls, **kwargs):
         invoked.clear()
-        result = original_run(self, tokens, start, cells, admitted, controls)
+        result = original_run(self, tokens, start, cells, admitted, controls, **kwargs)
         values = {name: np.array(value.data) for name, value in result.values.items()}
         ports = dict(invoked[0]) if invoked else {}
         recorded.append(RecordedPass(tuple(tokens), start, values, ports))

@@ -97,7 +97,7 @@ class GraphCapture:
     reason: str = ""  # why eager
     num_ids: int = 0
     max_ids: int = MAX_GRAPHS
-    _options: dict[int, Any] = field(default_factory=dict, repr=False)
+    _options: dict[tuple[int, bool], Any] = field(default_factory=dict, repr=False)
 
     def describe(self) -> str:
         if not self.is_enabled:
@@ -125,18 +125,24 @@ class GraphCapture:
         self.num_ids += 1
         return graph_id
 
-    def run_options(self, graph_id: int) -> Any:
-        """ORT run options with ``gpu_graph_id`` = ``graph_id``; None on an eager session
-        (ORT's defaults: nothing to say)."""
-        if not self.is_enabled:
+    def run_options(self, graph_id: int, *, unsynchronized: bool = False) -> Any:
+        """ORT run options with ``gpu_graph_id`` = ``graph_id`` (on a capturing session) and,
+        when ``unsynchronized``, ``disable_synchronize_execution_providers``: the run returns
+        once its work is queued on the stream (for plans whose every buffer is on the
+        device: see PassPlan). None where there is nothing to say (ORT's defaults)."""
+        if not self.is_enabled and not unsynchronized:
             return None
-        options = self._options.get(graph_id)
+        key = (graph_id if self.is_enabled else EAGER_ID, unsynchronized)
+        options = self._options.get(key)
         if options is None:
             import onnxruntime as ort
 
             options = ort.RunOptions()
-            options.add_run_config_entry("gpu_graph_id", str(graph_id))
-            self._options[graph_id] = options
+            if self.is_enabled:
+                options.add_run_config_entry("gpu_graph_id", str(key[0]))
+            if unsynchronized:
+                options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+            self._options[key] = options
         return options
 
 

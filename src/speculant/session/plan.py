@@ -55,7 +55,7 @@ from speculant.errors import ContractError, ResidencyError
 from speculant.session.binding import bind_input, bind_output, run_bound
 from speculant.session.graphs import EAGER_ID
 from speculant.session.session import ComponentSession, Invocation
-from speculant.tensors import NUMPY_DTYPES, Value
+from speculant.tensors import HOST, NUMPY_DTYPES, Value
 
 
 class PassPlan:
@@ -91,7 +91,13 @@ class PassPlan:
         else:
             self.graph_id = graphs.new_id()
             self.eager_reason = "" if self.graph_id != EAGER_ID else graphs.budget_reason
-        self.run_options = graphs.run_options(self.graph_id)  # None on an eager session
+        # Overlapped: on CUDA, with every buffer in device memory (no host-bound input whose
+        # pinned staging ORT would free under a running kernel), a run returns once queued;
+        # the next read-back on the shared stream waits for it (tensors/cuda.py).
+        self.is_overlapped = (session.overlap and session.device != HOST and not elsewhere
+                              and session.seam.backend(session.device).ordering ==
+                              "shared_stream")
+        self.run_options = graphs.run_options(self.graph_id, unsynchronized=self.is_overlapped)
         self.is_captured = False
 
     @classmethod
@@ -168,6 +174,8 @@ class PassPlan:
                 f"component '{session.name}': ONNX Runtime failed to capture CUDA graph "
                 f"{self.graph_id} of a pass plan: {exc}", value=self.graph_id,
                 remedy="load with cuda_graphs=False (eager), and report the package") from exc
+        if self.is_overlapped and session.observers and session.times_to_completion:
+            session.seam.synchronize(session.device)  # time the work, not its queueing
         self.num_runs += 1
         session.num_invocations += 1
         if self.graph_id != EAGER_ID:

@@ -101,9 +101,10 @@ class ComponentSession:
     def __init__(self, name: str, source: str | bytes, ports: Ports, device: str,
                  seam: TensorSeam, *, use_tf32: bool = False, outputs_on_host: bool = False,
                  artifact: str = "", threads: int | None = None,
-                 cuda_graphs: GraphDecision = OFF) -> None:
+                 cuda_graphs: GraphDecision = OFF, overlap: bool = True) -> None:
         """``threads``: ONNX Runtime's intra-op thread count (None: its default);
-        ``cuda_graphs``: whether to create the session for CUDA graph capture."""
+        ``cuda_graphs``: whether to create the session for CUDA graph capture; ``overlap``:
+        whether device-resident pass plans return once queued (session/plan.py)."""
         self.name = name
         self.ports = ports
         self.device = device  # where the component executes
@@ -111,6 +112,11 @@ class ComponentSession:
         self.output_residency = HOST if outputs_on_host else device
         self.seam = seam
         self.observers: list[Observer] = []
+        # PassPlan runs on CUDA whose buffers are all on the device return once queued
+        # (``overlap``); where ``times_to_completion``, an observed run waits for its work
+        # first (the target's: its observers time verify passes, and a read-back follows)
+        self.overlap = overlap
+        self.times_to_completion = False
         providers = provider_for(device, seam, use_tf32=use_tf32)
         options = ort.SessionOptions()
         options.log_severity_level = 3

@@ -82,20 +82,20 @@ class ChainedProposer:
     def propose(self, state: DecodeState, k: int) -> Proposal:
         """Run ``k + 1`` drafter steps (bootstrap included) and return ``k`` drafts: each
         the argmax of its step's row, or under sampling a draw from ``q_j = T(row)``,
-        returned with the ``q_j`` (the bootstrap step draws nothing)."""
+        returned with the ``q_j`` (the bootstrap step draws nothing). Greedy on static
+        caches the drafts stay where the chain runs (``Proposal.drafts`` [k] int32: each
+        step's argmax feeds the next step's gather there, and the round verifies them in
+        place); otherwise each draft is read back (4 bytes) as it is made."""
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None
         seam, chain = self.seam, self.chain
-        with seam.write_batch():  # adoptions of the fixed bindings, once per proposal
-            fixed = self._fixed_bindings(state)
-        carry = self._carry_0(pass_result, num_kept)  # [1, 1, W_C] currency
-        table = self.table  # [V_E, W_E]
         cells = state.cells
         plan = cells.proposer_plan if isinstance(cells, StaticCells) else None
+        with seam.write_batch():  # the fixed bindings, once per proposal
+            fixed = self._fixed_bindings(state, plan)
+        carry = self._carry_0(pass_result, num_kept)  # [1, 1, W_C] currency
+        table = self.table  # [V_E, W_E]
         if plan is not None:  # static caches: the request's plan, its small inputs rewritten
-            for port, value in fixed.items():
-                if port not in self.chain.borrowed:
-                    plan.write(port, value)
             fused = plan.inputs[chain.fused_port]
         else:
             fused = seam.zeros(self._step_shape(table.shape[1], carry.shape[-1]),
@@ -104,11 +104,16 @@ class ChainedProposer:
         if not 0 <= last < table.shape[0]:
             raise ChainError(f"token {last} is outside the embedding table's {table.shape[0]} "
                              "rows", value=last, expected=f"0 <= id < {table.shape[0]}")
+        kept = state.sampler is None and isinstance(cells, StaticCells)
+        kept_drafts = seam.zeros((k,), "int32", self.residency) if kept else None  # [k] int32
+        last_ids: Value | None = None  # [1] int32: the previous step's argmax, where it is
         drafts: list[int] = []
         probs: list[Value] = []  # q_j = T(step j's row) when sampling
         for j in range(k + 1):
             with seam.write_batch():  # one step's fused input: concat(table[last], carry)
-                seam.scatter_into_last_axis(fused, seam.gather_rows(table, [last]), 0)
+                row = seam.gather_rows(table, [last]) if last_ids is None else \
+                    seam.gather_rows_at(table, last_ids)
+                seam.scatter_into_last_axis(fused, row, 0)
                 seam.scatter_into_last_axis(fused, carry, table.shape[1])
             if plan is not None:
                 out = plan.run()
@@ -125,12 +130,17 @@ class ChainedProposer:
                 last = state.pending  # bootstrap: its prediction is p, already known
                 continue
             logits = out[chain.logits_output]  # [1, 1, V] draft scores
-            last, q = choose(seam, state.sampler, seam.last_along_axis(logits, logits.rank - 2))
+            scores = seam.last_along_axis(logits, logits.rank - 2)
+            if kept_drafts is not None:  # the argmax stays: it feeds the next step's gather
+                last_ids = seam.argmax_rows(scores)  # [1] int32
+                seam.scatter_into_last_axis(kept_drafts, last_ids, j - 1)
+                continue
+            last, q = choose(seam, state.sampler, scores)
             drafts.append(last)  # 4 bytes read back
             if q is not None:
                 probs.append(q)
         return Proposal(drafts, probs if state.sampler is not None else None,
-                        num_invocations=k + 1, num_scored_rows=k)
+                        num_invocations=k + 1, num_scored_rows=k, drafts=kept_drafts)
 
     def _plan(self, inputs: dict[str, Value], produced: dict[str, Value]) -> PassPlan:
         """The drafter step's plan on static caches, made after its first (checked) step:
@@ -168,7 +178,10 @@ class ChainedProposer:
                                self.residency)
 
     # -- bindings fixed for one proposal ---------------------------------------------------
-    def _fixed_bindings(self, state: DecodeState) -> dict[str, Value]:
+    def _fixed_bindings(self, state: DecodeState, step_plan: PassPlan | None) -> dict[str, Value]:
+        """The proposer's inputs other than the fused one, for this proposal; with a
+        ``step_plan`` (static caches) written into its buffers instead (the borrowed caches are
+        bound to the target's buffers themselves, the length is written in place)."""
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None
         consumed = pass_result.start + num_kept  # C'
@@ -184,7 +197,11 @@ class ChainedProposer:
                 # (static caches: the target's buffer itself, no copy; C' is its length)
                 fixed[port] = self.seam.adopt(state.cells[cell], self.residency)
                 continue
-            if port == length_port:  # static caches: the drafter sees slots [0, C')
+            if port == length_port and step_plan is not None:  # the drafter sees slots [0, C')
+                length = step_plan.inputs[port]
+                self.seam.write_ints(length, [consumed] * length.size)
+                continue
+            if port == length_port:
                 dtype = self.session.ports.inputs[port].dtype
                 fixed[port] = self.seam.adopt(Value.host(
                     np.full((1,), consumed, NUMPY_DTYPES[dtype]), dtype), self.residency)
@@ -204,6 +221,8 @@ class ChainedProposer:
                     raise ChainError(f"cannot narrow '{value_name}' for proposer port '{port}' "
                                      f"on axis {axis} ({dim}): {exc}", path=port) from exc
             fixed[port] = self.seam.adopt(value, self.residency)
+            if step_plan is not None:
+                step_plan.write(port, fixed[port])
         return fixed
 
     def _step_shape(self, embed_width: int, carry_width: int) -> tuple[int, ...]:

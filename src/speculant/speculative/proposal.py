@@ -23,10 +23,13 @@ class Proposal:
     probs: list[Value] | None = None
     num_invocations: int = 0  # proposer model runs it took (0 for prompt lookup)
     num_scored_rows: int = 0  # score rows it reduced to a token (argmax or a draw)
+    # the drafts [k_r] int32 where the proposer made them, never read back (then `tokens`
+    # is empty): the round verifies them in place (speculative/verify.py)
+    drafts: Value | None = None
 
     @property
     def k(self) -> int:
-        return len(self.tokens)
+        return len(self.tokens) if self.drafts is None else self.drafts.size
 
 
 class Proposer(Protocol):

@@ -51,3 +51,13 @@ def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logi
     num_accepted, token = seam.read_token_ids(
         seam.rejection_sample(p, q, drafts, sampler.uniforms(len(drafts) + 1)))
     return num_accepted, token
+
+
+def verify_in_place(seam: TensorSeam, drafts: Value, logits: Value) -> tuple[int, list[int]]:
+    """Greedy verification of drafts kept where they were made: ``(a, [c_1 … c_a])`` from
+    the drafts [k] int32 and the scores [1, k + 1, V], compared there
+    (``seam.accept_greedy``, the device twin of :func:`greedy_accept`); the one read-back
+    is ``[a, c_1 … c_{k+1}]``, 4 (k + 2) bytes."""
+    count_then_ids = seam.read_token_ids(seam.accept_greedy(drafts, seam.argmax_rows(logits)))
+    num_accepted = count_then_ids[0]
+    return num_accepted, count_then_ids[1:1 + num_accepted]

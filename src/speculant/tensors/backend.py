@@ -82,6 +82,30 @@ class Backend(Protocol):
         """A new owned value of zeros on ``residency``."""
         ...
 
+    # -- a pass's small inputs written where they live: no host buffer, no upload ----------
+    def write_ints(self, dst: Value, values: Sequence[int], offset: int) -> None:
+        """Write the host ints ``values`` into the flat slots ``offset …`` of the owned
+        integer ``dst`` (on a device: each value a kernel argument)."""
+        ...
+
+    def write_arange(self, dst: Value, start: int) -> None:
+        """Write ``start + i`` into flat slot ``i`` of the owned integer ``dst``."""
+        ...
+
+    def write_ids(self, dst: Value, ids: Value, offset: int) -> None:
+        """Copy the integer ``ids`` (same residency) into the flat slots ``offset …`` of the
+        owned integer ``dst``, converting to its dtype."""
+        ...
+
+    def gather_at(self, table: Value, ids: Value) -> Value:
+        """Rows of the [R, W] ``table`` at the ids ``ids`` [n] int32 of its residency: a new
+        owned [n, W] value (the ids never cross to the host)."""
+        ...
+
+    def accept(self, drafts: Value, choices: Value) -> Value:
+        """[k + 2] int32 token ids ``[a, c_1 … c_a, …]`` (tensors/acceptance.py)."""
+        ...
+
     def argmax(self, x: Value) -> Value:
         """[R] int32 token ids: per row of ``x``, the first index of its maximum (NaN never
         wins; an all-NaN row yields 0)."""

@@ -50,6 +50,7 @@ import numpy as np
 
 from speculant.errors import ContractError, ResidencyError
 from speculant.tensors import sampling as sampling_math
+from speculant.tensors.acceptance import accept_greedy
 from speculant.tensors.backend import INSTALL_CUDA, ResidencyCounters
 from speculant.tensors.cuda_kernels import ARGMAX_THREADS, first_argmax_rows
 from speculant.tensors.sampling import Sampling, widen_bfloat16
@@ -294,6 +295,46 @@ class CudaBackend:
             out.data.memset_async(0, out.nbytes, stream)
             self._wrote(ordinal)
         return Value(out, residency, dtype, owned=True)
+
+    # -- a pass's small inputs written in place: values travel as kernel arguments -------
+    def write_ints(self, dst: Value, values: Sequence[int], offset: int) -> None:
+        ordinal = cuda_ordinal(dst.residency)
+        with self._on(ordinal):
+            flat = dst.data.reshape(-1)  # [n] view of dst
+            for i, value in enumerate(values):  # a fill kernel each (memset for 0)
+                flat[offset + i:offset + i + 1].fill(value)
+            self._wrote(ordinal)
+
+    def write_arange(self, dst: Value, start: int) -> None:
+        cp = self._cp
+        ordinal = cuda_ordinal(dst.residency)
+        with self._on(ordinal):
+            flat = dst.data.reshape(-1)  # [n] view of dst
+            flat[...] = cp.arange(start, start + flat.size, dtype=flat.dtype)  # a kernel
+            self._wrote(ordinal)
+
+    def write_ids(self, dst: Value, ids: Value, offset: int) -> None:
+        ordinal = cuda_ordinal(dst.residency)
+        with self._on(ordinal):
+            flat = dst.data.reshape(-1)  # [n] view of dst
+            flat[offset:offset + ids.size] = ids.data.reshape(-1)  # a converting copy kernel
+            self._wrote(ordinal)
+
+    def gather_at(self, table: Value, ids: Value) -> Value:
+        cp = self._cp
+        ordinal = cuda_ordinal(table.residency)
+        with self._on(ordinal):
+            out = self._allocate(ordinal, (ids.size, table.shape[1]), table.data.dtype)
+            cp.take(table.data, ids.data.reshape(-1), axis=0, out=out)  # [n, W]
+            self._wrote(ordinal)
+        return Value(out, table.residency, table.dtype, owned=True)
+
+    def accept(self, drafts: Value, choices: Value) -> Value:
+        ordinal = cuda_ordinal(drafts.residency)
+        with self._on(ordinal):
+            result = accept_greedy(self._cp, drafts.data.reshape(-1), choices.data.reshape(-1))
+            out = self._owned(ordinal, result, np.dtype(np.int32))  # [k + 2] int32
+        return Value(out, drafts.residency, "int32", owned=True, kind="token_ids")
 
     def argmax(self, x: Value) -> Value:
         """The host's argmax (each row's first maximum, NaN never wins, all-NaN -> 0) as one

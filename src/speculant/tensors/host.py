@@ -17,6 +17,7 @@ import numpy as np
 
 from speculant.errors import ContractError
 from speculant.tensors import sampling as sampling_math
+from speculant.tensors.acceptance import accept_greedy
 from speculant.tensors.backend import ResidencyCounters
 from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
@@ -95,6 +96,24 @@ class HostBackend:
 
     def zeros(self, shape: Sequence[int], dtype: str, residency: str) -> Value:
         return Value(np.zeros(tuple(shape), NUMPY_DTYPES[dtype]), HOST, dtype, owned=True)
+
+    def write_ints(self, dst: Value, values: Sequence[int], offset: int) -> None:
+        dst.data.reshape(-1)[offset:offset + len(values)] = values
+
+    def write_arange(self, dst: Value, start: int) -> None:
+        flat = dst.data.reshape(-1)  # [n] view of dst
+        flat[...] = np.arange(start, start + flat.size, dtype=flat.dtype)
+
+    def write_ids(self, dst: Value, ids: Value, offset: int) -> None:
+        dst.data.reshape(-1)[offset:offset + ids.size] = ids.data.reshape(-1)
+
+    def gather_at(self, table: Value, ids: Value) -> Value:
+        rows = np.take(table.data, ids.data.reshape(-1), axis=0)  # [n, W] table dtype (a copy)
+        return Value(np.asarray(rows, order="C"), HOST, table.dtype, owned=True)
+
+    def accept(self, drafts: Value, choices: Value) -> Value:
+        out = accept_greedy(np, drafts.data.reshape(-1), choices.data.reshape(-1))  # [k + 2]
+        return Value(out, HOST, "int32", owned=True, kind="token_ids")
 
     def argmax(self, x: Value) -> Value:
         ids = argmax_rows_numpy(widen_rows(x))  # [R] int32

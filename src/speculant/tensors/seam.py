@@ -26,6 +26,7 @@ from speculant.tensors.host import HostBackend
 from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import FLOAT_DTYPES, HOST, NUMPY_DTYPES, Value
 
+INT_IDS = ("int32", "int64")  # the dtypes a pass's token ids, positions and lengths take
 _RESIDENCY = re.compile(r"^(host|[a-z][a-z0-9_]*:[0-9]+)$")
 # What an error names about an operand: (role, the value or its description, built on demand)
 Operand = tuple[str, "Value | Callable[[], str]"]
@@ -288,6 +289,61 @@ class TensorSeam:
             [("requested buffer", lambda: f"{dims} {dtype} on {residency}")],
             "allocate it on the host with zeros(shape, dtype, 'host') and run its consumers there")
         return backend.zeros(dims, dtype, residency)
+
+    # -- a pass's small inputs, written where the buffer lives (no host buffer) -----------
+    def write_ints(self, dst: Value, values: Sequence[int], offset: int = 0) -> Value:
+        """Host ints into the flat slots ``offset …`` of the owned integer ``dst``."""
+        self._check_int_slots("write_ints", dst, offset, len(values))
+        self.backend_for("write_ints", dst, "dst").write_ints(dst, [int(v) for v in values],
+                                                              offset)
+        return dst
+
+    def write_arange(self, dst: Value, start: int) -> Value:
+        """``start + i`` into flat slot ``i`` of the owned integer ``dst`` (position ids)."""
+        self._check_int_slots("write_arange", dst, 0, dst.size)
+        self.backend_for("write_arange", dst, "dst").write_arange(dst, int(start))
+        return dst
+
+    def write_ids(self, dst: Value, ids: Value, offset: int) -> Value:
+        """The integer ``ids`` of ``dst``'s residency into its flat slots ``offset …``."""
+        self._check_int_slots("write_ids", dst, offset, ids.size)
+        self._same_residency("write_ids", dst, ids, "dst", "ids")
+        if ids.dtype not in INT_IDS:
+            raise ContractError(f"write_ids: ids must be int32 or int64, got {ids.describe()}",
+                                value=ids.dtype, expected="int32 or int64")
+        self.backend_for("write_ids", dst, "dst").write_ids(dst, ids, offset)
+        return dst
+
+    def gather_rows_at(self, table: Value, ids: Value) -> Value:
+        """Rows of the [R, W] ``table`` at the int32 ids ``ids`` [n] of its residency (an
+        argmax result): the ids never cross. They are not range-checked (that would read
+        them back): callers pass argmax results of score rows no wider than the table."""
+        if table.rank != 2 or ids.rank != 1 or ids.dtype != "int32":
+            raise ContractError(f"gather_rows_at: table {table.describe()} must be rank 2 and "
+                                f"ids {ids.describe()} [n] int32", expected="[R, W], [n] int32")
+        self._same_residency("gather_rows_at", table, ids, "table", "ids")
+        return self.backend_for("gather_rows_at", table, "table").gather_at(table, ids)
+
+    def accept_greedy(self, drafts: Value, choices: Value) -> Value:
+        """``[a, c_1 … c_a, …]`` [k + 2] int32 token ids from the drafts [k] and the target's
+        choices [k + 1] (tensors/acceptance.py), computed where they are."""
+        if drafts.rank != 1 or choices.rank != 1 or choices.shape[0] != drafts.shape[0] + 1 \
+                or drafts.dtype != "int32" or choices.dtype != "int32":
+            raise ContractError(f"accept_greedy: drafts {drafts.describe()} must be [k] int32 "
+                                f"and choices {choices.describe()} [k + 1] int32",
+                                expected="[k] int32 and [k + 1] int32")
+        self._same_residency("accept_greedy", drafts, choices, "drafts", "choices")
+        return self.backend_for("accept_greedy", drafts, "drafts").accept(drafts, choices)
+
+    @staticmethod
+    def _check_int_slots(op: str, dst: Value, offset: int, count: int) -> None:
+        if dst.dtype not in INT_IDS or not dst.owned:
+            raise ContractError(f"{op}: dst {dst.describe()} must be an owned int32 or int64 "
+                                "buffer", value=dst.dtype, expected="an owned integer buffer")
+        if not 0 <= offset <= offset + count <= dst.size:
+            raise ContractError(f"{op}: slots [{offset}, {offset + count}) outside the "
+                                f"{dst.size} of {dst.describe()}", value=offset,
+                                expected=f"0 <= offset, offset + count <= {dst.size}")
 
     def argmax_rows(self, x: Value) -> Value:
         if x.dtype not in FLOAT_DTYPES:

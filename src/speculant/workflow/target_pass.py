@@ -19,7 +19,7 @@ from speculant.package.plan import LoadPlan
 from speculant.session.contracts import SymbolTable
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
-from speculant.tensors import NUMPY_DTYPES, Value
+from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.request import Admitted, literal_value
 from speculant.workflow.static_cells import StaticCells
 
@@ -47,6 +47,12 @@ class TokenIds:
     def value(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value]) -> Value:
         return Value.host(np.asarray([tokens], dtype=NUMPY_DTYPES[self.dtype]), self.dtype)
 
+    def write(self, seam: TensorSeam, buffer: Value, tokens: Sequence[int],
+              drafts: Value | None, start: int) -> None:
+        seam.write_ints(buffer, tokens)  # the host's tokens, then the drafts where they are
+        if drafts is not None:
+            seam.write_ids(buffer, drafts, len(tokens))
+
 
 @dataclass(frozen=True)
 class PositionIds:
@@ -57,6 +63,10 @@ class PositionIds:
     def value(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value]) -> Value:
         array = np.arange(start, start + len(tokens), dtype=NUMPY_DTYPES[self.dtype])[None, :]
         return Value.host(array, self.dtype)
+
+    def write(self, seam: TensorSeam, buffer: Value, tokens: Sequence[int],
+              drafts: Value | None, start: int) -> None:
+        seam.write_arange(buffer, start)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,10 @@ class AttentionMask:
         array = np.ones((1, start + len(tokens)), dtype=NUMPY_DTYPES[self.dtype])
         return Value.host(array, self.dtype)
 
+    def write(self, seam: TensorSeam, buffer: Value, tokens: Sequence[int],
+              drafts: Value | None, start: int) -> None:
+        seam.write_ints(buffer, [1] * buffer.size)
+
 
 @dataclass(frozen=True)
 class CacheLengths:
@@ -78,6 +92,10 @@ class CacheLengths:
 
     def value(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value]) -> Value:
         return Value.host(np.full((1,), start, dtype=NUMPY_DTYPES[self.dtype]), self.dtype)
+
+    def write(self, seam: TensorSeam, buffer: Value, tokens: Sequence[int],
+              drafts: Value | None, start: int) -> None:
+        seam.write_ints(buffer, [start] * buffer.size)
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,7 @@ class CellValue:
 DriverSource = TokenIds | PositionIds | AttentionMask | CacheLengths | CellValue
 ROLE_SOURCES = {"token_ids": TokenIds, "position_ids": PositionIds,
                 "attention_mask": AttentionMask, "cache_lengths": CacheLengths}
+UNREAD = -1  # a pass's token that was never read back (a draft kept on its device)
 CELL_PREFIX = "cell:"  # how package/plan.py spells a cell in LoadPlan.driver_bound
 
 
@@ -125,6 +144,12 @@ class TargetPass:
                         wf.inputs[cell.initializer].contract.dims[cell.sequence_axis])
             if isinstance(dim, str))
         self.driver_sources = driver_sources(plan, wf.inputs)  # compiled once
+        # value name -> the source that writes it into a static pass plan's buffer
+        self.written_sources = {name: source for name, source in self.driver_sources
+                                if not isinstance(source, CellValue)}
+        port_of = {name: port for port, name in plan.target_inputs.items()}
+        self.control_ports = {control: port_of[name] for control, name in plan.serving.items()
+                              if name in port_of}
         self.logits_port = plan.port_by_role.get("logits", "logits")
         self.seed_port = plan.chain.seed_output if plan.chain else None
 
@@ -152,12 +177,18 @@ class TargetPass:
         return {port: values[name] for port, name in self.plan.target_inputs.items()}
 
     def run(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value],
-            admitted: Admitted, controls: Mapping[str, Value]) -> PassResult:
+            admitted: Admitted, controls: Mapping[str, Value], *,
+            drafts: Value | None = None) -> PassResult:
         """One pass over ``tokens`` from position ``start`` with the caches ``cells`` and the
         serving ``controls`` as they stand (the decode state's). Static caches
-        (:class:`StaticCells`) run through the plan of the block's width."""
+        (:class:`StaticCells`) run through the plan of the block's width; there the block
+        may end with ``drafts`` [k] int32 where the proposer made them (never read back: the
+        pass's ``tokens`` then hold :data:`UNREAD` at their positions)."""
         if isinstance(cells, StaticCells):
-            return run_static(self, tokens, start, cells, admitted, controls)
+            return run_static(self, tokens, start, cells, admitted, controls, drafts)
+        if drafts is not None:
+            raise ContractError("drafts kept on their device need static caches (a pass over "
+                                "appended caches binds host token ids)", path="drafts")
         n = len(tokens)
         values, symbols = self.bind(tokens, start, cells, admitted, controls)
         produced = self.session.invoke(self.port_values(values), list(self.plan.target_outputs),
@@ -183,38 +214,52 @@ class TargetPass:
 
 
 def run_static(target: TargetPass, tokens: Sequence[int], start: int, cells: StaticCells,
-               admitted: Admitted, controls: Mapping[str, Value]) -> PassResult:
+               admitted: Admitted, controls: Mapping[str, Value],
+               drafts: Value | None = None) -> PassResult:
     """A pass on static caches (docs/design/static-cache.md): the plan of width ``n`` binds
     every cell's buffer as both its past and its present; the pass writes only the driver's
-    small inputs (``input_ids``, ``position_ids``, ``cache_lengths``) and the serving
-    controls into the plan's buffers, runs, and the graph writes slots ``[C0, C0 + n)`` of
-    each buffer in place. The first pass of a width is checked at package scope and makes
-    the plan (:func:`static_plan`); later ones are not checked again."""
-    n = len(tokens)
+    small inputs (``input_ids``, ``position_ids``, ``cache_lengths``: through the seam, where
+    the plan's buffers live, with no host buffer or upload) and the serving controls into
+    the plan's buffers, runs, and the graph writes slots ``[C0, C0 + n)`` of each buffer in
+    place. The first pass of a width is checked at package scope and makes the plan
+    (:func:`static_plan`); later ones are not checked again."""
+    block = [*tokens, *([UNREAD] * (drafts.size if drafts is not None else 0))]
+    n = len(block)
     if start + n > cells.capacity:
         raise ContractError(f"a pass over {n} token(s) at C0={start} writes past the static "
                             f"caches' capacity {cells.capacity}", value=start + n,
                             expected=f"C0 + n <= {cells.capacity}")
     is_prefill = start == 0  # its width is the prompt's: a one-off plan, never kept or captured
     plan = None if is_prefill else cells.plans.get(n)
-    values: dict[str, Value] = {}
-    for value_name, source in target.driver_sources:
-        if not isinstance(source, CellValue):
-            values[value_name] = source.value(tokens, start, cells)
-    values.update({target.plan.serving[c]: v for c, v in controls.items()})
-    if plan is None:
-        plan = static_plan(target, tokens, start, cells, admitted, controls,
-                           capture=not is_prefill)
+    if plan is None:  # checked with the block's shape; its ids are written below
+        plan = static_plan(target, [max(t, 0) for t in block], start, cells, admitted,
+                           controls, capture=not is_prefill)
         if not is_prefill:
             cells.plans[n] = plan
-    else:
+    seam = target.session.seam
+    values: dict[str, Value] = {}
+    with seam.write_batch():
         for port, value_name in target.plan.target_inputs.items():
-            if value_name in values:
-                plan.write(port, values[value_name])
+            source = target.written_sources.get(value_name)
+            if source is None:
+                continue
+            buffer = plan.inputs[port]
+            if isinstance(source, TokenIds | PositionIds) and buffer.shape[-1] != n:
+                raise ContractError(
+                    f"pass plan of component '{target.session.name}': '{port}' was planned as "
+                    f"{list(buffer.shape)} {buffer.dtype}, got a block of {n} token(s)",
+                    path=port, value=n, expected=f"{buffer.shape[-1]} token(s) (a plan of "
+                    "this width; another width needs its own plan)")
+            source.write(seam, buffer, tokens, drafts, start)
+            values[value_name] = buffer
+        for control, value in controls.items():
+            if control in target.control_ports:
+                plan.write(target.control_ports[control], value)
+            values[target.plan.serving[control]] = value
     produced = plan.run()
     for port, value in produced.items():
         values[target.plan.target_outputs[port]] = value
-    return PassResult(start, tuple(tokens), values, produced[target.logits_port],
+    return PassResult(start, tuple(block), values, produced[target.logits_port],
                       produced.get(target.seed_port) if target.seed_port else None, cells)
 
 

@@ -1,0 +1,29 @@
+"""Greedy acceptance where the scores are (issue 12 item 4): the round's drafts and the
+target's choices are compared on their residency, so that the host reads back only the
+committed ids and their count, once per round. The same code runs over numpy and CuPy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def accept_greedy(xp: Any, drafts: Any, choices: Any) -> Any:
+    """``[a, c_1 … c_a, …]`` as ``[k + 2]`` int32 for the drafts ``d_1 … d_k`` ``[k]`` and the
+    target's choices ``[k + 1]`` (the argmax of verification rows ``0 … k``: row ``i`` scores
+    the token after block position ``i``).
+
+    ``a − 1`` is the number of leading drafts equal to the choice before them
+    (``d_j == choices[j − 1]``); the committed tokens are those drafts and then
+    ``choices[a − 1]``, the correction (``a ≤ k``) or the bonus (``a = k + 1``): what
+    ``speculative.verify.greedy_accept`` gives on the host. Slots past ``1 + a`` hold
+    the later choices and are never read.
+    """
+    k = drafts.shape[0]
+    matches = (drafts == choices[:k]).astype(xp.int32)  # [k] 1 where d_j is the target's choice
+    num_matching = xp.cumprod(matches).sum()  # [] int: leading matches, a − 1
+    slots = xp.arange(k + 1)  # [k + 1]
+    drafts_then_bonus = xp.concatenate([drafts, choices[k:]])  # [k + 1]
+    committed = xp.where(slots < num_matching, drafts_then_bonus, choices)  # [k + 1]
+    count = (num_matching + 1).reshape(1)  # [1]: a
+    return xp.concatenate([count.astype(xp.int32), committed.astype(xp.int32)])  # [k + 2]

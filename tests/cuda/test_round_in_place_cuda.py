@@ -1,0 +1,96 @@
+"""The round without host round trips on the GPU (issue 12 items 2 and 4): on static caches a
+pass writes its token ids, positions and lengths where the plan's buffers are (no upload),
+a greedy chained proposal keeps its drafts on the device and the round verifies them there,
+so the host reads back exactly ``4 (k_r + 2)`` bytes per round (``a`` and the committed
+ids) and 4 per single-token pass; over 1,000 rounds speculant's live device allocations and
+the device's free memory stay flat.
+
+Run on the GPU machine: ``pytest -m cuda tests/cuda/test_round_in_place_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from gpu_probe import cuda_marks
+
+import speculant
+from export.export_models import CONFIG, DRAFTER_WEIGHTS, TARGET_WEIGHTS, write_tokenizer
+from speculant_tools.export import convert, write_pair_package
+
+pytestmark = cuda_marks()
+PROMPT = [3, 17, 8, 22, 5, 3, 17, 8]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("in-place")
+    tokenizer = write_tokenizer(base / "tokenizer.json")
+    return {cache: write_pair_package(base / cache, TARGET_WEIGHTS, CONFIG, DRAFTER_WEIGHTS,
+                                      tokenizer, dtype="float16", graph="fused", cache=cache)
+            for cache in ("appended", "static")}
+
+
+@pytest.fixture(scope="module")
+def demo_static(tmp_path_factory):
+    """The trained demo pair with static caches (drafts land, so rounds accept some)."""
+    demo = speculant.__file__.rsplit("/", 1)[0] + "/demo"
+    return convert(demo, tmp_path_factory.mktemp("demo") / "static", "float16", cache="static")
+
+
+def delta(before: dict, after: dict) -> dict:
+    return {key: after[key] - before[key] for key in after}
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("graphs", [False, "auto"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8, "auto"])
+def test_the_round_in_place_equals_greedy_eager_and_replayed(pairs, k, graphs, overlap):
+    greedy = speculant.load(pairs["appended"], device="cuda").generate(
+        PROMPT, 40, stop_on_eos=False).token_ids
+    engine = speculant.load(pairs["static"], device="cuda", cuda_graphs=graphs,
+                            overlap=overlap)
+    result = engine.generate(PROMPT, 40, speculative=True, k=k, stop_on_eos=False)
+    assert result.token_ids == greedy
+    plans = engine.static_pool._cells  # every plan of every capacity used
+    target_plans = [plan for cells in plans.values() for plan in cells.plans.values()]
+    assert target_plans and all(plan.is_overlapped == overlap for plan in target_plans)
+    if graphs:
+        assert result.stats.residency["graph_replays"] > 0
+
+
+def test_a_round_reads_back_only_the_count_and_the_committed_ids(demo_static):
+    engine = speculant.load(demo_static, device="cuda")
+    prompt = engine.tokenizer.encode("def fibonacci(n):\n")
+    engine.generate(prompt, 48, speculative=True, k=4, stop_on_eos=False)  # plans, graphs
+    counts = {}
+    for num_tokens in (24, 64):
+        before = engine.seam.counters.snapshot()
+        result = engine.generate(prompt, num_tokens, speculative=True, k=4, stop_on_eos=False)
+        counts[num_tokens] = moved = delta(before, engine.seam.counters.snapshot())
+        stats = result.stats
+        assert stats.accepted_drafts > 0 and stats.rounds > 0
+        expected = 4 * (1 + stats.greedy_steps) + sum(4 * (k_r + 2) for k_r, _ in stats.trace)
+        assert moved["device_readback_bytes"] == expected, (moved, stats.trace)
+        assert moved["host_staging_count"] == 0
+        assert stats.rollback_bytes_moved == 0 and stats.rollbacks > 0
+    # the uploads a request makes do not grow with its rounds: none per pass (the prompt's
+    # one-off prefill plan is the same for both)
+    assert counts[24]["uploads"] == counts[64]["uploads"]
+
+
+def test_live_allocations_and_free_memory_stay_flat_over_1000_rounds(demo_static):
+    import cupy
+
+    engine = speculant.load(demo_static, device="cuda")
+    prompt = engine.tokenizer.encode("def fibonacci(n):\n")
+    engine.generate(prompt, 48, speculative=True, k=4, stop_on_eos=False)  # warm-up
+    counters = engine.seam.counters
+    live = (counters.live_device_allocations, counters.live_device_bytes)
+    free_before, _ = cupy.cuda.runtime.memGetInfo()
+    rounds = 0
+    while rounds < 1000:
+        result = engine.generate(prompt, 96, speculative=True, k=4, stop_on_eos=False)
+        rounds += result.stats.rounds
+        assert (counters.live_device_allocations, counters.live_device_bytes) == live
+    free_after, _ = cupy.cuda.runtime.memGetInfo()
+    assert abs(free_before - free_after) < 64 * 2**20, (free_before, free_after)
