@@ -154,7 +154,8 @@ BORROWED_VALUE = "shared_kv.attention.value"
 def drafter_graph(spec: fx.FixtureSpec, dtype: str = "float32",
                   name: str = "assistant") -> onnx.ModelProto:
     """The cacheless drafter. Per row: token = table[0, cur, prev_code] if all four checks
-    pass, else ``<unk>`` (0), scored one-hot over ``spec.proposer_width`` ids; projected_state = [code(cur), -1, 0.5 x6, carry[8:16]].
+    pass, else ``<unk>`` (0), scored one-hot over ``spec.proposer_width`` ids;
+    projected_state = [code(cur), -1, 0.5 x6, carry[8:16]].
 
     Checks: embedding (all 16 leading values strictly inside (1.5, 2.5)); carry (prev code in
     [0, 32]; origin -1, or origin +1 with seed code == code(cur)); borrowed cache (the entry at
