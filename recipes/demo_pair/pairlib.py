@@ -393,16 +393,20 @@ def drafter_reference_round(tv: TargetView, drafter: Drafter, context: list[int]
 
 @torch.no_grad()
 def chain_drafts_all_positions(tv: TargetView, drafter: Drafter, stream: torch.Tensor,
-                               k: int, pending: torch.Tensor | None = None) -> torch.Tensor:
+                               k: int, pending: torch.Tensor | None = None,
+                               head: torch.Tensor | None = None) -> torch.Tensor:
     """For every position c of ``stream`` [B, T] (as the last consumed position), with pending
     token stream[c+1] (or ``pending[:, c]``), draft k tokens exactly as the runtime's round
     does. Vectorised over c: row c sees the target's last-layer KV of positions 0..c and uses
-    position id c. Returns drafts [B, T-1, k] (row c for c = 0..T-2)."""
+    position id c. ``head`` [N, H]: the LM head's rows (default: the whole table; a subset
+    vocabulary: its first N rows, drafts < N). Returns drafts [B, T-1, k] (row c for
+    c = 0..T-2)."""
     st = tv(stream, want_logits=False)
     B, T = stream.shape
     R = T - 1
     cos, sin = rope_tables(torch.arange(R, device=stream.device), drafter.hd, drafter.theta)
     E = tv.embed
+    head = E if head is None else head
     k_, v_ = st["k"][:, :, :R], st["v"][:, :, :R]
     carry = st["h"][:, :R]
     last = stream[:, :R]
@@ -413,7 +417,7 @@ def chain_drafts_all_positions(tv: TargetView, drafter: Drafter, stream: torch.T
         if j == 0:
             last = stream[:, 1:R + 1] if pending is None else pending[:, :R]
         else:
-            d = (h @ E.t().to(h.dtype)).argmax(-1)
+            d = (h @ head.t().to(h.dtype)).argmax(-1)
             drafts.append(d)
             last = d
     return torch.stack(drafts, dim=-1)

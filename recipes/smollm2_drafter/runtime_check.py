@@ -4,12 +4,12 @@
         GGUF TOKENIZER_JSON PACKAGE_DIR OUT_JSON [--k 4] [--limit 0]
 
 Writes a float32 chained pair package (``speculant_tools.export.write_pair_package``: the GGUF's
-dequantized target and ``speculant_tools/builtin/smollm2/drafter.npz``, the embedding taken
-from the target), then decodes every prompt of ``results/eval_set.json`` with
-``engine.generate(prompt_ids, speculative=True, k=K)`` and reports: whether the tokens equal the
-trainer's float32 greedy stream, and the round trace summarized as the trainer summarizes it
-(``mean_accepted_length``, ``first_draft_acceptance``, ``acceptance_by_position``), beside the
-trainer's figure from ``results/summary.json``.
+dequantized target and ``speculant_tools/builtin/smollm2/drafter.npz`` with the settings of
+``drafter_config.json``, the embedding taken from the target), then decodes every prompt of
+``results/eval_set.json`` with ``engine.generate(prompt_ids, speculative=True, k=K)`` and
+reports: whether the tokens equal the trainer's float32 greedy stream, and the round trace
+summarized as the trainer summarizes it (``mean_accepted_length``, ``first_draft_acceptance``,
+``acceptance_by_position``), beside the trainer's figure from ``results/summary.json``.
 """
 
 from __future__ import annotations
@@ -44,14 +44,24 @@ def summarize(pairs: list[tuple[int, int]], k: int) -> dict:
 
 
 def build(gguf: str, tokenizer_json: str, root: Path) -> Path:
-    from speculant_tools.export import write_pair_package
+    """The pair as the built-in import writes it: ``drafter_config.json``'s settings read by
+    ``read_drafter`` (``draft_vocab_size`` included: a subset vocabulary where present)."""
+    import dataclasses
+
+    from speculant_tools.export import LlamaConfig, write_pair_package
+    from speculant_tools.importers import read_drafter
 
     if (root / "inference_metadata.yaml").exists():
         return root
-    target, config = gguf_target.gguf_state_dict(gguf)
-    drafter = {k: v.astype(np.float32) for k, v in np.load(NPZ).items()}
-    return write_pair_package(root, target, config, drafter, tokenizer_json, dtype="float32",
-                              eos_id=config["eos_token_id"])
+    target, hf_config = gguf_target.gguf_state_dict(gguf)
+    config = LlamaConfig.from_hf(hf_config)
+    drafter = read_drafter(NPZ.parent, config)
+    config = dataclasses.replace(config, drafter_intermediate_size=drafter.intermediate_size,
+                                 draft_vocab_size=drafter.vocab_size)
+    weights = {k: v.astype(np.float32) for k, v in drafter.weights.items()}
+    return write_pair_package(root, target, config, weights, tokenizer_json, dtype="float32",
+                              scale=drafter.scale, max_proposal_width=drafter.max_proposal_width,
+                              eos_id=hf_config["eos_token_id"])
 
 
 def main() -> None:

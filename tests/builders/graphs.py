@@ -154,7 +154,8 @@ BORROWED_VALUE = "shared_kv.attention.value"
 def drafter_graph(spec: fx.FixtureSpec, dtype: str = "float32",
                   name: str = "assistant") -> onnx.ModelProto:
     """The cacheless drafter. Per row: token = table[0, cur, prev_code] if all four checks
-    pass, else ``<unk>`` (0); projected_state = [code(cur), -1, 0.5 x6, carry[8:16]].
+    pass, else ``<unk>`` (0), scored one-hot over ``spec.proposer_width`` ids;
+    projected_state = [code(cur), -1, 0.5 x6, carry[8:16]].
 
     Checks: embedding (all 16 leading values strictly inside (1.5, 2.5)); carry (prev code in
     [0, 32]; origin -1, or origin +1 with seed code == code(cur)); borrowed cache (the entry at
@@ -235,8 +236,10 @@ def drafter_graph(spec: fx.FixtureSpec, dtype: str = "float32",
     prediction = _next_token(g, None, cur, prev_clipped)
     token = g.op("Where", [all_ok, prediction, g.const("wrong_token", fx.UNK_ID, "int64")],
                  "draft_token")
-    g.add_output("logits", _one_hot_logits(g, token, spec.margin, dtype), dtype,
-                 ("batch", "sequence", fx.VOCAB_SIZE))
+    logits = _one_hot_logits(g, token, spec.margin, dtype)  # [b, n, 32]
+    if spec.proposer_vocab_size is not None:  # a subset: the first N ids only
+        logits = g.slice_last(logits, 0, spec.proposer_vocab_size, 2, "subset_logits")
+    g.add_output("logits", logits, dtype, ("batch", "sequence", spec.proposer_width))
 
     basis_prev = np.eye(fx.CARRY_WIDTH // 2, dtype=np.float32)[fx.CARRY_PREV]
     prev_half_const = fx.CARRY_PADDING[:fx.CARRY_WIDTH // 2].copy()

@@ -193,6 +193,7 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
         "source": {"kind": "application", "name": "inputs_embeds"},
         "required": False, "default": 0.0}
     borrowed = contract(dtype, ["batch", fx.NUM_HEADS, sym.borrowed, fx.HEAD_DIM])
+    proposer_vocab = spec.proposer_vocab_size or "vocab"  # a subset: its static width
     assistant_ports = {
         "inputs": {
             "inputs_embeds": dict(fused),
@@ -200,7 +201,7 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
             "attention_mask": contract("int64", ["batch", sym.borrowed]),
             BORROWED_KEY: borrowed, BORROWED_VALUE: dict(borrowed)},
         "outputs": {
-            "logits": contract(dtype, ["batch", sym.query, "vocab"]),
+            "logits": contract(dtype, ["batch", sym.query, proposer_vocab]),
             "projected_state": contract(dtype, ["batch", sym.query, fx.CARRY_WIDTH])},
         "roles": {"inputs_embeds": "inputs_embeds", "position_ids": "position_ids",
                   "attention_mask": "attention_mask", "logits": "logits"}}
@@ -248,7 +249,8 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
         }},
         "speculative": {
             "proposer": "assistant", "target": "target",
-            "vocabulary": {"kind": "identical"},
+            "vocabulary": {"kind": "identical"} if spec.proposer_vocab_size is None else
+            {"kind": "subset", "proposer_vocab_size": spec.proposer_vocab_size},
             "max_proposal_width": max_proposal_width,
             "distribution_preserving": distribution_preserving,
             "proposal_execution": {

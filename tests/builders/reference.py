@@ -28,7 +28,7 @@ class TargetOutputs:
 
 @dataclass(frozen=True)
 class DrafterOutputs:
-    logits: np.ndarray  # [b, n, 32] float32
+    logits: np.ndarray  # [b, n, N] float32 (N = spec.proposer_width)
     projected_state: np.ndarray  # [b, n, 16] float32
     tokens: np.ndarray  # [b, n] int64, argmax of logits
     checks: dict[str, np.ndarray]  # check name -> [b, n] bool; all true = prediction used
@@ -123,13 +123,16 @@ def drafter_forward(spec: fx.FixtureSpec, inputs_embeds: np.ndarray, position_id
     prev_idx = np.clip(np.round(prev_code), 0, fx.NUM_CODES - 1).astype(np.int64)
     prediction = NEXT_TABLE[0, cur.astype(np.int64), prev_idx]
     tokens = np.where(all_ok, prediction, fx.UNK_ID).astype(np.int64)
+    width = spec.proposer_width  # a subset: the first `width` columns of the one-hot row
+    logits = _one_hot(tokens, spec.margin)[..., :width]
+    tokens = np.where(tokens < width, tokens, fx.UNK_ID)  # the argmax of zeros: id 0
 
     projected = np.concatenate([np.zeros_like(carry[..., :fx.CARRY_WIDTH // 2]),
                                 carry[..., fx.CARRY_WIDTH // 2:]], axis=-1)
     projected[..., :fx.CARRY_WIDTH // 2] = fx.CARRY_PADDING[:fx.CARRY_WIDTH // 2]
     projected[..., fx.CARRY_PREV] = cur_code
     projected[..., fx.CARRY_ORIGIN] = fx.ORIGIN_DRAFTER
-    return DrafterOutputs(_one_hot(tokens, spec.margin), projected, tokens, checks)
+    return DrafterOutputs(logits, projected, tokens, checks)
 
 
 # -- convenience: the inputs a correct runtime builds --------------------------------------

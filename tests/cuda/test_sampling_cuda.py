@@ -74,16 +74,17 @@ def test_distribution_and_draw_agree(cuda_seam, host_seam, dtype, setting):
 
 
 @pytest.mark.parametrize("k", (0, 1, 3, 8))
-@pytest.mark.parametrize("deterministic", (False, True))
-def test_rejection_sample_agrees(cuda_seam, host_seam, k, deterministic):
+@pytest.mark.parametrize(("deterministic", "q_width"), ((False, 64), (True, 64), (False, 40)))
+def test_rejection_sample_agrees(cuda_seam, host_seam, k, deterministic, q_width):
+    """q_width 40 of 64: a subset proposer vocabulary (q read as 0 beyond its ids)."""
     rng = np.random.default_rng(k)
     width = 64
     for _ in range(50):
         p = Value.host(rng.dirichlet(np.full(width, 0.3), k + 1).astype(np.float32))
-        q_rows = [Value.host(rng.dirichlet(np.full(width, 0.3), 1).astype(np.float32))
+        q_rows = [Value.host(rng.dirichlet(np.full(q_width, 0.3), 1).astype(np.float32))
                   for _ in range(k)]
         drafts = [int(rng.integers(0, width)) if deterministic else
-                  int(rng.choice(width, p=row.data[0] / row.data[0].sum())) for row in q_rows]
+                  int(rng.choice(q_width, p=row.data[0] / row.data[0].sum())) for row in q_rows]
         uniforms = rng.random(k + 1).tolist()
         q_host = None if deterministic else q_rows
         q_device = None if deterministic else [cuda_seam.adopt(r, DEVICE) for r in q_rows]

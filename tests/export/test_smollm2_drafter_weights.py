@@ -1,4 +1,6 @@
-"""The committed SmolLM2 drafter (recipes/smollm2_drafter) is what the pair writer expects."""
+"""The committed SmolLM2 drafter (recipes/smollm2_drafter) is what the pair writer expects:
+either the v1 file (identical vocabulary, no ``draft_vocab_size``) or a subset-vocabulary one
+(``draft_vocab_size`` N: its LM head is the target table's first N rows)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 
 from speculant_tools.export import LlamaConfig, drafter_shapes
 from speculant_tools.export.config import EMBEDDING, checked_weights
+from speculant_tools.importers import read_drafter
 
 FOLDER = Path(__file__).parents[2] / "src" / "speculant_tools" / "builtin" / "smollm2"
 
@@ -40,3 +43,7 @@ def test_size_and_the_settings_the_importer_reads():
     assert settings["scale"] == math.sqrt(config.hidden_size) == 24.0
     assert settings["drafter_intermediate_size"] == config.intermediate_size
     assert settings["max_proposal_width"] == 8
+    vocab = settings.get("draft_vocab_size")  # absent: the v1 file, identical vocabulary
+    assert vocab is None or (type(vocab) is int and 1 <= vocab < config.vocab_size)
+    drafter = read_drafter(FOLDER, config)
+    assert drafter is not None and drafter.vocab_size == vocab

@@ -123,27 +123,50 @@ def test_a_failed_build_leaves_no_folder(tmp_path):
     assert [p.name for p in (tmp_path / "packages").iterdir()] == ["x-k.lock"]
 
 
-def test_with_the_committed_drafter_smollm2_is_a_chained_pair(smollm2, monkeypatch, tmp_path):
-    """drafter.npz + drafter_config.json beside the module make the package a pair (another
-    cache key); chained speculation equals greedy on it."""
+def write_drafter(folder: Path, **settings) -> Path:
+    """A random drafter for the tiny GGUF's CONFIG: drafter.npz + drafter_config.json."""
     rng = np.random.default_rng(5)
     drafter = {name: (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float16)
                for name, shape in drafter_shapes(CONFIG).items()}
-    folder = tmp_path / "drafter"
     folder.mkdir()
     np.savez(folder / "drafter.npz", **drafter)
     (folder / "drafter_config.json").write_text(json.dumps({"scale": 4.0,
-                                                            "max_proposal_width": 4}))
+                                                            "max_proposal_width": 4,
+                                                            **settings}))
+    return folder
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 20])
+def test_with_the_committed_drafter_smollm2_is_a_chained_pair(smollm2, monkeypatch, tmp_path,
+                                                              draft_vocab_size):
+    """drafter.npz + drafter_config.json beside the module make the package a pair (another
+    cache key); chained speculation equals greedy on it. ``draft_vocab_size`` N: the
+    drafter scores the first N ids (vocabulary: subset); absent: all of them."""
+    settings = {} if draft_vocab_size is None else {"draft_vocab_size": draft_vocab_size}
+    folder = write_drafter(tmp_path / "drafter", **settings)
     decoder_root = resolve_package("smollm2")
     monkeypatch.setattr(builtin, "DRAFTER_DIR", folder)
     engine = speculant.load("smollm2")
     assert Path(engine.package.root) != decoder_root and len(smollm2) == 2
     spec = engine.package.document.speculative
     assert spec.max_proposal_width == 4
+    assert (spec.vocabulary.kind, spec.vocabulary.proposer_vocab_size) == (
+        ("identical", None) if draft_vocab_size is None else ("subset", draft_vocab_size))
     greedy = engine.generate([3, 4, 5], 10, stop_on_eos=False).token_ids
     for k in (1, 2, 4):
         assert engine.generate([3, 4, 5], 10, stop_on_eos=False, proposer="chained",
                                k=k).token_ids == greedy
+
+
+@pytest.mark.parametrize("bad", [0, 49, 20.0, "20", True])
+def test_a_bad_draft_vocab_size_is_refused_by_name(tmp_path, bad):
+    from speculant_tools.importers import ImporterError, read_drafter
+
+    folder = write_drafter(tmp_path / "drafter", draft_vocab_size=bad)
+    with pytest.raises(ImporterError) as caught:
+        read_drafter(folder, CONFIG)
+    assert caught.value.paths == ["draft_vocab_size"]
+    assert "draft_vocab_size" in str(caught.value)
 
 
 def test_a_missing_model_names_the_pip_command(monkeypatch, tmp_path):

@@ -198,6 +198,27 @@ def test_speculative_samples_follow_p_with_three_drafts(name):
         assert_follows(token[a == 4], p_rows[3], f"{name}: bonus")
 
 
+def test_a_subset_q_is_read_as_zero_beyond_its_ids():
+    """A subset proposer vocabulary: q over the first V_q ids only. The sampler's result is
+    the one for q padded with zeros, and the committed tokens follow p, ids >= V_q included
+    (they come from the correction)."""
+    p = np.asarray([0.1, 0.15, 0.05, 0.2, 0.3, 0.2])
+    q = np.asarray([0.4, 0.3, 0.2, 0.1])  # V_q = 4 of the target's 6
+    padded = np.concatenate([q, np.zeros(2)])
+    narrow = speculative_samples(np.stack([p, p]), q[None], 100_000, seed=6)
+    wide = speculative_samples(np.stack([p, p]), padded[None], 100_000, seed=6)
+    assert all(np.array_equal(x, y) for x, y in zip(narrow, wide, strict=True))
+    committed = first_committed(*narrow)
+    assert_follows(committed, p, "subset q")
+    assert (committed >= 4).mean() > 0.45  # p's mass beyond the subset: 0.5
+    seam = TensorSeam()
+    p_rows = Value.host(np.stack([p, p]).astype(np.float32))
+    result = seam.rejection_sample(p_rows, [Value.host(q[None].astype(np.float32))], [2],
+                                   [0.7, 0.9])
+    assert seam.read_token_ids(result) == list(_one_round(p_rows.data, padded[None], [2],
+                                                          [0.7, 0.9]))
+
+
 def test_deterministic_drafts_follow_p():
     """q = δ_d (prompt lookup): accept with probability p(d); else a draw from p without d."""
     p = np.asarray([0.1, 0.6, 0.3, 0.0])
@@ -247,8 +268,10 @@ def test_seam_sampling_ops_match_the_math():
     (lambda s, p: s.rejection_sample(p, None, [7], [0.1, 0.2]), "outside [0, 4)"),
     (lambda s, p: s.rejection_sample(p, None, [1], [0.1]), "needs 2 uniforms"),
     (lambda s, p: s.rejection_sample(p, None, [1], [0.1, 1.0]), "needs 2 uniforms"),
-    (lambda s, p: s.rejection_sample(p, [s.slice_axis(p, 1, 0, 2)], [1], [0.1, 0.2]),
-     "differ in width"),
+    (lambda s, p: s.rejection_sample(p, [Value.host(np.full((1, 5), 0.2, np.float32))], [1],
+                                     [0.1, 0.2]), "wider than p"),
+    (lambda s, p: s.rejection_sample(p, [Value.host(np.full((1, 2), 0.5, np.float32))], [3],
+                                     [0.1, 0.2]), "draft ids [3] outside [0, 2)"),
     (lambda s, p: s.sample_rows(p, [0.5]), "needs 2 uniforms"),
     (lambda s, p: s.sample_rows(Value.host(np.zeros((2, 4), np.float16)), [0.1, 0.2]),
      "float32 probability rows"),
@@ -381,18 +404,3 @@ def test_bad_sampling_settings(engines, option, value):
                                                       option: value})
         assert caught.value.paths == [option]
         assert option in str(caught.value)
-
-
-def test_sampling_with_a_subset_vocabulary_chain_is_unsupported(pair_root, monkeypatch):
-    """A chained drafter whose logits cover fewer ids than the target (vocabulary: subset)
-    cannot give q over the target's vocabulary: sampling is refused at admission (before any
-    pass), greedy still runs."""
-    import speculant
-    from speculant.errors import UnsupportedError
-
-    engine = speculant.load(pair_root())
-    monkeypatch.setattr(engine.proposer, "is_subset_vocabulary", True)  # as if declared so
-    with pytest.raises(UnsupportedError) as caught:
-        engine.generate(list(PROBE_PROMPT), 8, speculative=True, k=2, temperature=1.0)
-    assert caught.value.paths == ["speculative.vocabulary"]
-    assert engine.generate(list(PROBE_PROMPT), 8, speculative=True, k=2).token_ids

@@ -59,9 +59,6 @@ class ChainedProposer:
         # The chain residency: where the proposer's outputs are produced (its execution device,
         # or the host in the host-staged parity configuration).
         self.residency = session.output_residency
-        spec = package.document.speculative
-        # a proposer vocabulary smaller than the target's (speculative.vocabulary: subset)
-        self.is_subset_vocabulary = spec is not None and spec.vocabulary.kind == "subset"
         self._table: Value | None = None  # [V_E, W_E] currency, scaled, in the chain residency
         fused = session.ports.inputs[self.chain.fused_port]
         self.fused_dims = fused.dims
@@ -82,10 +79,12 @@ class ChainedProposer:
     def propose(self, state: DecodeState, k: int) -> Proposal:
         """Run ``k + 1`` drafter steps (bootstrap included) and return ``k`` drafts: each
         the argmax of its step's row, or under sampling a draw from ``q_j = T(row)``,
-        returned with the ``q_j`` (the bootstrap step draws nothing). Greedy on static
-        caches the drafts stay where the chain runs (``Proposal.drafts`` [k] int32: each
-        step's argmax feeds the next step's gather there, and the round verifies them in
-        place); otherwise each draft is read back (4 bytes) as it is made."""
+        returned with the ``q_j`` (the bootstrap step draws nothing). A subset vocabulary
+        (``speculative.vocabulary: subset``) gives ``q_j`` over its ``V_q`` ids, each id
+        used unchanged as the target's; the verifier reads ``q_j = 0`` beyond them. Greedy on
+        static caches the drafts stay where the chain runs (``Proposal.drafts`` [k] int32:
+        each step's argmax feeds the next step's gather there, and the round verifies them
+        in place); otherwise each draft is read back (4 bytes) as it is made."""
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None
         seam, chain = self.seam, self.chain

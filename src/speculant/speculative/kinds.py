@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from speculant.errors import RequestError, UnsupportedError
+from speculant.errors import RequestError
 from speculant.package.plan import LoadPlan
 from speculant.speculative.auto_k import AUTO as AUTO_K
 from speculant.speculative.auto_k import AutoWidthProposer, WidthController, WidthCosts
@@ -98,13 +98,7 @@ class Chained:
         return self.bound(sources).max_k
 
     def check(self, sources: ProposerSources, request: Request) -> None:
-        assert sources.chained is not None
-        if request.options.temperature > 0 and sources.chained.is_subset_vocabulary:
-            raise UnsupportedError(
-                "sampling with a proposer whose vocabulary is a subset of the target's "
-                "(speculative.vocabulary: subset) is not supported: rejection sampling needs "
-                "q over the target's vocabulary", path="speculative.vocabulary", value="subset",
-                remedy="decode greedily (temperature 0), or without the proposer")
+        pass  # a subset vocabulary samples too: its q is 0 beyond its ids (tensors/sampling)
 
     def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
         assert sources.chained is not None

@@ -393,7 +393,7 @@ class CudaBackend:
         width = p.shape[-1]
         with self._on(ordinal):
             q_rows = None if q is None else cp.concatenate(
-                [v.data.reshape(-1, width) for v in q])[None]  # [1, k, V] float32
+                [v.data.reshape(-1, v.shape[-1]) for v in q])[None]  # [1, k, V_q] float32
             d = cp.asarray(np.asarray(list(drafts), np.int64).reshape(1, len(drafts)))
             u = cp.asarray(np.asarray([list(uniforms)], np.float64))  # [1, k + 1]
             a, token = sampling_math.rejection_sample(cp, p.data.reshape(1, -1, width), q_rows,

@@ -134,7 +134,7 @@ class HostBackend:
                   uniforms: Sequence[float]) -> Value:
         width = p.shape[-1]
         q_rows = None if q is None else np.concatenate(
-            [v.data.reshape(-1, width) for v in q])[None]  # [1, k, V] float32
+            [v.data.reshape(-1, v.shape[-1]) for v in q])[None]  # [1, k, V_q] float32
         a, token = sampling_math.rejection_sample(
             np, p.data.reshape(1, -1, width), q_rows,
             np.asarray([list(drafts)], np.int64).reshape(1, len(drafts)),

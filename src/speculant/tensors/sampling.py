@@ -112,8 +112,10 @@ def rejection_sample(xp: ModuleType, p: Any, q: Any | None, drafts: Any,
     """Speculative rejection sampling for a batch of ``B`` rounds.
 
     ``p`` [B, k + 1, V]: the target's distributions at block positions 1 … k + 1 (row ``i``
-    scores the token after ``block[0..i]``). ``q`` [B, k, V]: the distributions the drafts
-    were drawn from, or None for deterministic drafts (``q = δ_d``). ``drafts`` [B, k] ids.
+    scores the token after ``block[0..i]``). ``q`` [B, k, V_q] with ``V_q <= V``: the
+    distributions the drafts were drawn from, or None for deterministic drafts (``q = δ_d``);
+    a proposer vocabulary that is a subset of the target's (ids ``< V_q`` used unchanged) has
+    ``q = 0`` on the ids it lacks, so ``q`` is padded with zeros to ``V``. ``drafts`` [B, k].
     ``uniforms`` [B, k + 1] in [0, 1): one acceptance uniform per draft, then the uniform of
     the correction or bonus draw (all drawn whatever the outcome, so the draw order is fixed).
 
@@ -131,6 +133,9 @@ def rejection_sample(xp: ModuleType, p: Any, q: Any | None, drafts: Any,
         q = (xp.arange(width, dtype=xp.int64) == drafts[..., None]).astype(xp.float64)
     else:
         q = q.astype(xp.float64)
+        if q.shape[-1] < width:  # a subset proposer vocabulary: q is 0 beyond its V_q ids
+            q = xp.concatenate([q, xp.zeros(q.shape[:-1] + (width - q.shape[-1],),
+                                            xp.float64)], axis=-1)
     p_draft = xp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]  # [B, k]
     q_draft = xp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]  # [B, k]
     accepted = uniforms[:, :k] * q_draft < p_draft  # [B, k]

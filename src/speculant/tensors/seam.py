@@ -391,10 +391,11 @@ class TensorSeam:
         """Speculative rejection sampling of one round.
 
         ``p`` [k + 1, V] float32: the target's distributions for block positions 1 … k + 1;
-        ``q``: the rows [r, V] float32 (together k) the drafts were drawn from, or None for
-        deterministic drafts; ``drafts``: the k draft ids; ``uniforms``: k acceptance
-        uniforms, then the uniform of the correction or bonus. Returns [2] int32 token ids,
-        ``[a, token]``, where ``p`` lives: 8 bytes to read back.
+        ``q``: the rows [r, V_q] float32 (together k, one width ``V_q <= V``) the drafts were
+        drawn from, or None for deterministic drafts (``V_q < V``: a subset proposer
+        vocabulary, ``q = 0`` on ids ``>= V_q``); ``drafts``: the k draft ids (``< V_q``);
+        ``uniforms``: k acceptance uniforms, then the uniform of the correction or bonus.
+        Returns [2] int32 token ids, ``[a, token]``, where ``p`` lives: 8 bytes to read back.
         """
         op = "rejection_sample"
         self._check_probs(op, p, "p")
@@ -402,21 +403,24 @@ class TensorSeam:
         if p.shape[0] != k + 1:
             raise ContractError(f"{op}: p has {p.shape[0]} rows for {k} drafts",
                                 value=p.shape, expected=f"{k + 1} rows")
-        width = p.shape[1]
+        width = q_width = p.shape[1]
         if q is not None:
+            q_width = q[0].shape[-1] if q else width
             for row in q:
                 self._check_probs(op, row, "q")
                 self._same_residency(op, p, row, "p", "q")
-                if row.shape[1] != width:
-                    raise ContractError(f"{op}: q {row.describe()} and p {p.describe()} differ in "
-                                        "width", value=row.shape, expected=f"width {width}")
+                if row.shape[1] != q_width or q_width > width:
+                    raise ContractError(f"{op}: q {row.describe()} is not {q_width} wide like "
+                                        f"the first q row, or is wider than p {p.describe()}",
+                                        value=row.shape,
+                                        expected=f"one width <= {width} for every q row")
             if sum(row.shape[0] for row in q) != k:
                 raise ContractError(f"{op}: q has {sum(r.shape[0] for r in q)} rows for {k} "
                                     "drafts", expected=f"{k} rows")
-        bad = [d for d in drafts if not 0 <= operator.index(d) < width]
+        bad = [d for d in drafts if not 0 <= operator.index(d) < q_width]  # drawn from q
         if bad:
-            raise ContractError(f"{op}: draft ids {bad} outside [0, {width})", value=bad,
-                                expected=f"0 <= id < {width}")
+            raise ContractError(f"{op}: draft ids {bad} outside [0, {q_width})", value=bad,
+                                expected=f"0 <= id < {q_width}")
         self._check_uniforms(op, uniforms, k + 1)
         q = q if k else None  # no drafts: nothing was drawn from any q
         return self.backend_for(op, p, "p").rejection(p, q, [int(d) for d in drafts],

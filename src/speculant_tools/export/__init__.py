@@ -9,7 +9,8 @@ package writer, the dtype conversion and the Hugging Face write-back.
 
 Weights are numpy arrays keyed by Hugging Face names (``config`` lists them); the graphs
 keep those names for their initializers. The drafter carries its own copy of the tied table
-under the target's name ``model.embed_tokens.weight``. Modules: ``config`` (sizes, names,
+(its first ``config.draft_vocab_size`` rows: a subset vocabulary where fewer than all) under
+the target's name ``model.embed_tokens.weight``. Modules: ``config`` (sizes, names,
 checks), ``graphs`` (ONNX), ``metadata`` (documents), ``package`` (disk), ``hf`` (write-back).
 """
 

@@ -14,7 +14,8 @@ Target (``LlamaForCausalLM``, tied embeddings), per layer ``i``::
     model.layers.{i}.mlp.down_proj.weight           [hidden, intermediate]
     model.norm.weight                               [hidden]
 
-Chained drafter (one layer without k/v projections; the LM head is the target's table)::
+Chained drafter (one layer without k/v projections; the LM head is the target's table, or
+its first ``draft_vocab_size`` rows)::
 
     drafter.in_proj.weight                          [hidden, 2 * hidden]
     drafter.layer.input_layernorm.weight            [hidden]
@@ -27,7 +28,10 @@ Chained drafter (one layer without k/v projections; the LM head is the target's 
 
 ``drafter_intermediate_size`` defaults to ``intermediate_size``; it differs only where the
 target's MLPs were widened after training (``speculant_tools.export.cost_scale``) and the drafter
-kept its own width.
+kept its own width. ``draft_vocab_size`` defaults to ``vocab_size`` (the drafter scores every
+id: ``vocabulary: identical``); a smaller N makes its LM head ``model.embed_tokens.weight[:N]``
+and its logits N wide, each draft id used unchanged as a target id (``vocabulary: subset``,
+``proposer_vocab_size: N``): BPE ids in merge order put the frequent tokens first.
 """
 
 from __future__ import annotations
@@ -66,17 +70,24 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     drafter_intermediate_size: int | None = None  # None: intermediate_size
+    draft_vocab_size: int | None = None  # None: vocab_size (the drafter's LM head rows)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.drafter_intermediate_size is None:
             object.__setattr__(self, "drafter_intermediate_size", self.intermediate_size)
+        if self.draft_vocab_size is None:
+            object.__setattr__(self, "draft_vocab_size", self.vocab_size)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.type in ("int", "int | None") and (not isinstance(value, int) or value < 1):
                 raise ExportError(f"config.{field.name} must be a positive integer",
                                   path=f"config.{field.name}", value=value)
+        if self.draft_vocab_size > self.vocab_size:
+            raise ExportError("config.draft_vocab_size exceeds the target's vocabulary",
+                              path="config.draft_vocab_size", value=self.draft_vocab_size,
+                              expected=f"1 <= draft_vocab_size <= {self.vocab_size}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ExportError("num_attention_heads must be a multiple of num_key_value_heads",
                               path="config.num_key_value_heads",
@@ -87,6 +98,11 @@ class LlamaConfig:
         if not (self.rms_norm_eps > 0 and self.rope_theta > 0):
             raise ExportError("rms_norm_eps and rope_theta must be positive",
                               value=(self.rms_norm_eps, self.rope_theta))
+
+    @property
+    def has_subset_vocabulary(self) -> bool:
+        """Whether the drafter scores only the first ``draft_vocab_size`` ids."""
+        return self.draft_vocab_size < self.vocab_size
 
     @property
     def num_groups(self) -> int:
@@ -143,6 +159,8 @@ class LlamaConfig:
         data = dataclasses.asdict(self)
         if data["drafter_intermediate_size"] == self.intermediate_size:
             del data["drafter_intermediate_size"]  # the default: packages stay as they were
+        if data["draft_vocab_size"] == self.vocab_size:
+            del data["draft_vocab_size"]  # likewise
         return json.dumps(data, sort_keys=True)
 
     @classmethod

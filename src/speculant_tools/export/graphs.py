@@ -189,7 +189,7 @@ class _Graph(GraphBuilder):
         return self.linear(self.op("Mul", [act, up]), f"{prefix}.mlp.down_proj.weight")
 
     def lm_head(self, h: str) -> str:
-        """Tied LM head: ``h @ embed_tokens.T``."""
+        """Tied LM head: ``h @ embed_tokens.T`` (the drafter's: the rows its graph carries)."""
         return self.op("MatMul", [h, self.op("Transpose", [EMBEDDING], "et", perm=[1, 0])],
                        "logits")
 
@@ -332,7 +332,9 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
     """The cacheless chained drafter: ``x = in_proj(inputs_embeds)``, one decoder layer whose
     attention reads the borrowed last-layer KV of the target (every key whose mask entry is
     1; no causal term), ``drafter.norm`` -> ``projected_state``; logits through the tied
-    table, carried in this graph under the target's name ``model.embed_tokens.weight``.
+    table, carried in this graph under the target's name ``model.embed_tokens.weight``: its
+    first ``config.draft_vocab_size`` rows (all of them unless a subset vocabulary), so the
+    logits are ``draft_vocab_size`` wide.
     ``fused_norms``: its three norms and two residual adds as ONNX Runtime's fused kernels
     (with the fused target: the same function in three nodes instead of ~29).
     ``cache="static"``: the borrowed caches are the target's buffers [b, KV, capacity, d]
@@ -349,7 +351,7 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
         mask = g.add_input("attention_mask", "int64", ("batch", "kv_sequence"))  # [b, K]
     key = g.add_input(BORROWED_KEY, dtype, _cache_dims(c, borrowed))  # [b, KV, K, d]
     value = g.add_input(BORROWED_VALUE, dtype, _cache_dims(c, borrowed))
-    g.weight(EMBEDDING, embedding)
+    g.weight(EMBEDDING, embedding[:c.draft_vocab_size])  # [N, hidden]: the LM head's rows
     for weight_name, array in weights.items():
         g.weight(weight_name, array)
 
@@ -367,6 +369,6 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
                       f"{prefix}.post_attention_layernorm.weight")
     state, _ = g.add_norm(x, g.mlp(h, prefix), "drafter.norm.weight")  # [b, s, hidden]
 
-    g.add_output("logits", g.lm_head(state), dtype, ("batch", "sequence", c.vocab_size))
+    g.add_output("logits", g.lm_head(state), dtype, ("batch", "sequence", c.draft_vocab_size))
     g.add_output("projected_state", state, dtype, ("batch", "sequence", c.hidden_size))
     return g.finish("drafter")

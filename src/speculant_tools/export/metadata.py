@@ -173,7 +173,7 @@ def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
                    "position_ids": contract("int64", ["batch", "sequence"]),
                    "attention_mask": contract("int64", ["batch", "kv_sequence"]),
                    BORROWED_KEY: borrowed, BORROWED_VALUE: dict(borrowed)},
-        "outputs": {"logits": contract(dtype, ["batch", "sequence", c.vocab_size]),
+        "outputs": {"logits": contract(dtype, ["batch", "sequence", c.draft_vocab_size]),
                     "projected_state": contract(dtype, ["batch", "sequence", c.hidden_size])},
         "roles": {"inputs_embeds": "inputs_embeds", "position_ids": "position_ids",
                   "attention_mask": "attention_mask", "logits": "logits"}}
@@ -210,7 +210,8 @@ def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
         "required": False, "default": 0.0}
     document["speculative"] = {
         "proposer": "assistant", "target": "target",
-        "vocabulary": {"kind": "identical"},
+        "vocabulary": {"kind": "subset", "proposer_vocab_size": c.draft_vocab_size}
+        if c.has_subset_vocabulary else {"kind": "identical"},
         "max_proposal_width": max_proposal_width,
         "distribution_preserving": True,
         "proposal_execution": {

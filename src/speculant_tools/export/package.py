@@ -79,11 +79,13 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     ``inference_metadata.yaml`` (the standard's chained-pair example), ``tokenizer.json``.
 
     ``target_config``: a :class:`LlamaConfig`, a ``transformers`` config or a config.json
-    mapping. ``scale`` defaults to ``sqrt(hidden_size)``; ``rollback_positions`` to
-    ``max(8, max_proposal_width)``; ``eos_id`` to the tokenizer's one special EOS token;
-    ``graph`` picks the target's graph (export/fused.py: ``auto``, ``fused``, ``explicit``);
-    ``cache`` its caches' form (``appended`` or ``static``; the drafter's borrowed caches
-    follow).
+    mapping; a :class:`LlamaConfig` with ``draft_vocab_size < vocab_size`` writes a subset
+    vocabulary (the drafter's LM head ``model.embed_tokens.weight[:N]``, metadata
+    ``vocabulary: {kind: subset, proposer_vocab_size: N}``). ``scale`` defaults to
+    ``sqrt(hidden_size)``; ``rollback_positions`` to ``max(8, max_proposal_width)``;
+    ``eos_id`` to the tokenizer's one special EOS token; ``graph`` picks the target's graph
+    (export/fused.py: ``auto``, ``fused``, ``explicit``); ``cache`` its caches' form
+    (``appended`` or ``static``; the drafter's borrowed caches follow).
     """
     config = LlamaConfig.from_hf(target_config)
     dtype, cache = check_dtype(dtype), check_cache(cache)
@@ -313,9 +315,10 @@ def read_weights(package_root: str | Path) -> tuple[LlamaConfig, dict[str, np.nd
     _, tensors = _initializers(settings.assistant_artifact)
     names = list(drafter_shapes(config))
     drafter = _arrays(tensors, [EMBEDDING, *names], settings.assistant_artifact)
-    if not np.array_equal(drafter.pop(EMBEDDING), target[EMBEDDING]):
+    if not np.array_equal(drafter.pop(EMBEDDING), target[EMBEDDING][:config.draft_vocab_size]):
         raise ExportError(f"the drafter's {EMBEDDING} (its tied LM head) differs from the "
-                          "target's", file=str(settings.assistant_artifact))
+                          f"target's first {config.draft_vocab_size} rows",
+                          file=str(settings.assistant_artifact))
     return config, target, drafter
 
 

@@ -43,6 +43,7 @@ class Drafter:
     scale: float | None = None  # None: sqrt(hidden_size)
     max_proposal_width: int = 8
     intermediate_size: int | None = None  # None: the target's
+    vocab_size: int | None = None  # None: the target's; N: its LM head is the table's first N
 
 
 @dataclass
@@ -75,7 +76,8 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
                                   cache=cache)
         else:
             config = replace(checkpoint.config,
-                             drafter_intermediate_size=drafter.intermediate_size)
+                             drafter_intermediate_size=drafter.intermediate_size,
+                             draft_vocab_size=drafter.vocab_size)
             write_pair_package(out, checkpoint.weights, config, drafter.weights, tokenizer,
                                dtype=dtype, scale=drafter.scale,
                                max_proposal_width=drafter.max_proposal_width,
@@ -103,7 +105,9 @@ def check_quantize(quantize: str | None, dtype: str = "float32") -> None:
 def read_drafter(folder: Path, config: LlamaConfig) -> Drafter | None:
     """The drafter in ``folder`` (``drafter.npz`` + ``drafter_config.json``), or None where
     neither file exists. ``drafter_config.json`` keys read: ``scale``,
-    ``max_proposal_width``, ``drafter_intermediate_size`` (others are the trainer's notes)."""
+    ``max_proposal_width``, ``drafter_intermediate_size``, ``draft_vocab_size`` (absent: the
+    target's whole vocabulary; N: a subset, the first N ids) (others are the trainer's
+    notes)."""
     weights_file, config_file = folder / "drafter.npz", folder / "drafter_config.json"
     if not weights_file.exists() and not config_file.exists():
         return None
@@ -121,10 +125,18 @@ def read_drafter(folder: Path, config: LlamaConfig) -> Drafter | None:
     if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)):
         raise ImporterError("scale must be a finite number", file=str(config_file),
                             path="scale", value=scale)
+    vocab_size = settings.get("draft_vocab_size")
+    if vocab_size is not None and not (isinstance(vocab_size, int) and not isinstance(
+            vocab_size, bool) and 1 <= vocab_size <= config.vocab_size):
+        raise ImporterError("draft_vocab_size must be an integer in [1, the target's "
+                            "vocabulary]", file=str(config_file), path="draft_vocab_size",
+                            value=vocab_size, expected=f"1 <= N <= {config.vocab_size}",
+                            remedy="write the number of leading target ids the drafter "
+                                   "scores, or leave the key out for all of them")
     return Drafter(weights=weights, scale=scale,
                    max_proposal_width=int(settings.get("max_proposal_width", 8)),
                    intermediate_size=settings.get("drafter_intermediate_size")
-                   or config.intermediate_size)
+                   or config.intermediate_size, vocab_size=vocab_size)
 
 
 def tokenizer_config(chat_template: str | None, bos: str | None, eos: str | None,
