@@ -91,11 +91,12 @@ class PassPlan:
         else:
             self.graph_id = graphs.new_id()
             self.eager_reason = "" if self.graph_id != EAGER_ID else graphs.budget_reason
-        # Overlapped: on CUDA, with every buffer in device memory (no host-bound input whose
-        # pinned staging ORT would free under a running kernel), a run returns once queued;
-        # the next read-back on the shared stream waits for it (tensors/cuda.py).
-        self.is_overlapped = (session.overlap and session.device != HOST and not elsewhere
-                              and session.seam.backend(session.device).ordering ==
+        # Overlapped: a captured plan (every buffer in device memory, nothing allocated by a
+        # replay) returns once its replay is queued; the next read-back on the shared stream
+        # waits for it (tensors/cuda.py). Eager runs keep ORT's wait: onnxruntime-gpu 1.31.1
+        # aborted an eager unsynchronized run of the fused static graph on the H200.
+        self.is_overlapped = (session.overlap and self.graph_id != EAGER_ID and
+                              session.seam.backend(session.device).ordering ==
                               "shared_stream")
         self.run_options = graphs.run_options(self.graph_id, unsynchronized=self.is_overlapped)
         self.is_captured = False
