@@ -48,12 +48,12 @@ tests)
   cp /tmp/evidence/cuda-residency.json "$out/" 2>/dev/null
   stage "evidence gate on CUDA: the committed float32 pair"
   SPECULANT_EVIDENCE_DEVICE=cuda SPECULANT_REQUIRE_EVIDENCE=1 timeout 120 $py -m pytest -q \
-    -p no:cacheprovider tests/evidence/test_demo_pair.py 2>&1 | tail -3
+    -p no:cacheprovider -m "not smollm2" tests/evidence/test_demo_pair.py 2>&1 | tail -3
   stage "evidence gate on CUDA: its float16 convert (the fused target)"
   [ -d /tmp/demo16 ] || $py -m speculant convert src/speculant/demo /tmp/demo16 --dtype float16
   cp src/speculant/demo/val_prompts.json /tmp/demo16/
   SPECULANT_EVIDENCE_PAIR=/tmp/demo16 SPECULANT_EVIDENCE_DEVICE=cuda SPECULANT_REQUIRE_EVIDENCE=1 \
-    timeout 120 $py -m pytest -q -p no:cacheprovider tests/evidence/test_demo_pair.py 2>&1 | tail -3
+    timeout 120 $py -m pytest -q -p no:cacheprovider -m "not smollm2" tests/evidence/test_demo_pair.py 2>&1 | tail -3
   stage "profiles: the demo pair (float32) on CUDA"
   mkdir -p /tmp/profiles
   profile demo-greedy src/speculant/demo 0

@@ -39,7 +39,8 @@ def bench(
     proposer: Annotated[list[str] | None, typer.Option(help="Proposer to run (repeatable; "
                                                             "default: chained, draft, "
                                                             "prompt_lookup).")] = None,
-    k: Annotated[list[str] | None, typer.Option(help="Drafts per round, or auto (repeatable; "
+    k: Annotated[list[str] | None, typer.Option(help="Drafts per round, or auto (the width "
+                                                     "chosen per round); repeatable; "
                                                      "default: 1 2 4 8 auto).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.md and the "
                                            "PNGs.")] = Path("bench-out"),
@@ -50,6 +51,13 @@ def bench(
     anchor_dir: Annotated[Path | None, typer.Option(
         help="Keep the anchors' checkpoints and built models here (default: a temporary "
              "folder).")] = None,
+    genai_model: Annotated[Path | None, typer.Option(
+        help="A folder onnxruntime-genai's model builder made beforehand, for the genai "
+             "anchor to decode instead of building one here (needs only onnxruntime-genai; "
+             "its tokens are checked against greedy).")] = None,
+    chat: Annotated[bool, typer.Option(
+        "--chat", help="Each text prompt is one user message, rendered by the package's chat "
+                       "template.")] = False,
 ) -> None:
     """Time greedy and each proposer at each k side by side; write JSON, Markdown and plots."""
     import shlex
@@ -58,24 +66,41 @@ def bench(
     from speculant_bench.anchors import parse_anchors
     from speculant_bench.command import bench as run_bench_command
     from speculant_bench.run import BenchConfig
-    from speculant_bench.runners import KS, PROPOSERS, parse_k
+    from speculant_bench.runners import KS, PROPOSERS, parse_widths
 
-    try:
-        ks = tuple(parse_k(value) for value in k) if k else KS
-    except ValueError as error:
-        fail(RequestError(str(error), path="--k", value=k, expected="an int >= 1 or auto"))
-        return
     try:
         anchor_names = parse_anchors(anchors)
     except ValueError as error:
         fail(RequestError(str(error), path="--anchors", value=anchors,
                           expected="hf, genai"))
         return
+    if genai_model is not None:
+        from speculant_bench.anchors.base import AnchorError
+        from speculant_bench.anchors.genai import read_prebuilt
+
+        if "genai" not in anchor_names:
+            fail(RequestError("--genai-model names the model of the genai anchor, which is not "
+                              "asked for", path="--genai-model", value=str(genai_model),
+                              remedy="add --anchors genai"))
+            return
+        try:
+            read_prebuilt(genai_model)
+        except AnchorError as error:
+            fail(RequestError(str(error), path="--genai-model", value=str(genai_model),
+                              expected="a folder with genai_config.json and its model"))
+            return
+    try:
+        widths = parse_widths(k) if k else KS
+    except ValueError as error:
+        fail(RequestError(str(error), path="--k", value=k,
+                          expected="integers >= 1 or auto, e.g. --k 1 --k 4 --k auto"))
+        return
     config = BenchConfig(package or Path(DEFAULT_PACKAGE), device=device, draft=draft,
                          prompts_file=prompts, new_tokens=new_tokens, warmup=warmup,
                          repeats=repeats, threads=threads,
-                         proposers=tuple(proposer or PROPOSERS), ks=ks,
-                         anchors=anchor_names, anchor_dir=anchor_dir)
+                         proposers=tuple(proposer or PROPOSERS), ks=widths,
+                         anchors=anchor_names, anchor_dir=anchor_dir,
+                         genai_model=genai_model, chat=chat)
     try:
         report = run_bench_command(config, out, shlex.join(["speculant", *sys.argv[1:]]),
                                    stderr)

@@ -5,11 +5,14 @@ Precedence: ``--prompts FILE``; else ``val_prompts.json`` in the package folder 
 file is a JSON list whose items are token-id lists or text (encoded with the package's
 tokenizer), or an object whose ``prompts`` holds that list, an item then also
 ``{"prompt": ...}`` (the demo pair's ``val_prompts.json``: prompt, continuation, source).
+With ``--chat`` each text prompt is one user message, rendered by the package's chat template
+before it is encoded (token-id prompts are taken as they are).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -41,8 +44,10 @@ def find_prompt_file(package: Path, prompts_file: Path | None) -> Path | None:
     return None
 
 
-def read_prompts(path: Path | None, tokenizer: Tokenizer) -> tuple[str, list[list[int]]]:
-    """(source, token-id prompts) from ``path`` (None: the bundled set)."""
+def read_prompts(path: Path | None, tokenizer: Tokenizer,
+                 render: Callable[[str], str] | None = None) -> tuple[str, list[list[int]]]:
+    """(source, token-id prompts) from ``path`` (None: the bundled set); ``render`` turns each
+    text prompt into the text that is encoded (the chat template's rendering)."""
     if path is None:
         text = (resources.files("speculant_bench") / "prompts.json").read_text()
         source, file = "bundled (speculant/bench/prompts.json)", "speculant/bench/prompts.json"
@@ -69,7 +74,7 @@ def read_prompts(path: Path | None, tokenizer: Tokenizer) -> tuple[str, list[lis
         if where and isinstance(item, dict) and "prompt" in item:
             item = item["prompt"]
         if isinstance(item, str):
-            prompts.append(tokenizer.encode(item))
+            prompts.append(tokenizer.encode(render(item) if render is not None else item))
         elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool)
                                             for t in item):
             prompts.append(list(item))

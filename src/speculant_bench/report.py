@@ -324,12 +324,9 @@ def plot(report: dict, out: Path) -> list[Path]:
         g = greedy["decode_tokens_per_s"]
         ax.axhline(g["median"], color="black", linestyle="--", label="greedy")
         ax.axhspan(g["min"], g["max"], color="black", alpha=0.1)
-    for proposer in dict.fromkeys(r["proposer"] for r in speculative):
-        rows = sorted((r for r in speculative if r["proposer"] == proposer and
-                       isinstance(r["k"], int)), key=lambda r: r["k"])
-        for auto in (r for r in speculative if r["proposer"] == proposer and r["k"] == "auto"):
-            ax.axhline(auto["decode_tokens_per_s"]["median"], linestyle=":",
-                       label=f"{proposer} k=auto")
+    fixed = [r for r in speculative if isinstance(r["k"], int)]  # k = auto has no x
+    for proposer in dict.fromkeys(r["proposer"] for r in fixed):
+        rows = sorted((r for r in fixed if r["proposer"] == proposer), key=lambda r: r["k"])
         ks = [r["k"] for r in rows]
         medians = [r["decode_tokens_per_s"]["median"] for r in rows]
         below = [m - r["decode_tokens_per_s"]["min"] for m, r in zip(medians, rows, strict=True)]
@@ -337,8 +334,9 @@ def plot(report: dict, out: Path) -> list[Path]:
         ax.errorbar(ks, medians, yerr=[below, above], marker="o", capsize=3, label=proposer)
     anchor_report.plot_on(ax, report)
     ax.set_xscale("log", base=2)
-    fixed = [k for k in report["config"]["k"] if isinstance(k, int)]
-    ax.set_xticks(fixed, [str(k) for k in fixed])
+    ticks = [k for k in report["config"]["k"] if isinstance(k, int)]
+    if ticks:
+        ax.set_xticks(ticks, [str(k) for k in ticks])
     ax.set_xlabel("k (drafts per round)")
     ax.set_ylabel("decode tokens/s (median, min–max)")
     ax.set_ylim(bottom=0)

@@ -23,7 +23,7 @@ from speculant.engine import Engine, load
 from speculant_bench import limits
 from speculant_bench.anchors import AnchorRunner, AnchorSetup, prepare_anchors
 from speculant_bench.prompts import PromptSet, find_prompt_file, fit_prompts, read_prompts
-from speculant_bench.runners import KS, PROPOSERS, Runner, runner_list, why_unavailable
+from speculant_bench.runners import KS, PROPOSERS, Runner, Width, runner_list, why_unavailable
 from speculant_bench.spread import Spread
 from speculant_bench.timing import (
     VERIFY_WIDTHS,
@@ -47,11 +47,13 @@ class BenchConfig:
     repeats: int = 5  # timed passes over the prompt set, per runner
     threads: int | None = None  # ORT intra-op threads; None: every CPU this process may use
     proposers: tuple[str, ...] = PROPOSERS
-    ks: tuple[int | str, ...] = KS
+    ks: tuple[Width, ...] = KS  # fixed widths and/or "auto"
     widths: tuple[int, ...] = VERIFY_WIDTHS
     width_repeats: int = 20
     anchors: tuple[str, ...] = ()  # other runtimes in the same run: "hf", "genai"
     anchor_dir: Path | None = None  # their checkpoints and models (None: a temporary folder)
+    genai_model: Path | None = None  # a folder genai's builder made (None: build one here)
+    chat: bool = False  # text prompts are user messages, rendered by the chat template
 
     @property
     def resolved_threads(self) -> int | None:
@@ -124,8 +126,13 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     load_average = os.getloadavg()  # other work on the machine shows here, and in the spread
     threads = config.resolved_threads
     engine = load(config.package, config.device, threads=threads, draft=config.draft)
-    source, raw = read_prompts(find_prompt_file(Path(config.package), config.prompts_file),
-                               engine.tokenizer)
+    root = engine.package.root  # a built-in name (smollm2) resolved to its folder
+    render = (lambda text: engine.render_chat([{"role": "user", "content": text}])) \
+        if config.chat else None
+    source, raw = read_prompts(find_prompt_file(root, config.prompts_file), engine.tokenizer,
+                               render)
+    if config.chat:
+        source += " (chat template)"
     admitted = engine.admit(raw[0][:1], 1).admitted  # admission alone: the context cap
     prompts = fit_prompts(source, raw, config.new_tokens, admitted.context_cap)
     if prompts.num_truncated:
@@ -146,13 +153,13 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
         progress.note(f"preparing the anchors: {', '.join(config.anchors)}")
         reference = [engine.generate(list(p), config.new_tokens, stop_on_eos=False).token_ids
                      for p in prompts.prompts]
-        anchors = prepare_anchors(config.anchors, package=Path(config.package),
+        anchors = prepare_anchors(config.anchors, package=root,
                                   draft=Path(config.draft) if config.draft else None,
                                   device=config.device, threads=threads,
-                                  proposers=config.proposers,
-                                  ks=tuple(k for k in config.ks if isinstance(k, int)),
+                                  proposers=config.proposers, ks=config.ks,
                                   reference=reference, check_prompt=prompts.prompts[0],
-                                  work=config.anchor_dir, note=progress.note)
+                                  work=config.anchor_dir, note=progress.note,
+                                  genai_model=config.genai_model)
     try:
         every = measure(engine, [*runners, *(anchors.runners if anchors else [])], prompts,
                         config, progress)

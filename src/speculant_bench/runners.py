@@ -1,7 +1,8 @@
 """What a bench runs: plain greedy, and each proposer kind at each k, asked for by name.
 
 A runner is only the `GenerationOptions` it decodes with. A kind or a k the package refuses
-is skipped with the engine's own reason (its admission's RequestError).
+is skipped with the engine's own reason (its admission's RequestError). ``k`` is a fixed width
+or ``"auto"`` (the width chosen per round from measured acceptance and costs).
 """
 
 from __future__ import annotations
@@ -11,17 +12,43 @@ from dataclasses import dataclass
 
 from speculant.engine import Engine
 from speculant.errors import RequestError
+from speculant.speculative.auto_k import AUTO  # the k whose width follows acceptance
 from speculant.speculative.kinds import NAMES
 from speculant.workflow.options import GenerationOptions
 
 PROPOSERS = NAMES  # every proposer kind a bench asks for by default
-KS: tuple[int | str, ...] = (1, 2, 4, 8, "auto")  # "auto": the controller picks per round
+Width = int | str  # a fixed k >= 1, or AUTO
+KS: tuple[Width, ...] = (1, 2, 4, 8, AUTO)  # AUTO: the controller picks per round
+
+
+def parse_widths(values: Sequence[str]) -> tuple[Width, ...]:
+    """``["1", "4", "auto"]`` → ``(1, 4, "auto")``, in the order given, each once; anything
+    but a positive integer or ``auto`` raises ValueError naming the value."""
+    widths: list[Width] = []
+    for value in values:
+        text = str(value).strip().lower()
+        width: Width
+        if text == AUTO:
+            width = AUTO
+        elif text.isdigit() and int(text) >= 1:
+            width = int(text)
+        else:
+            raise ValueError(f"k = {value!r} is neither a width (an integer >= 1) nor "
+                             f"{AUTO!r}")
+        if width not in widths:
+            widths.append(width)
+    return tuple(widths)
+
+
+def fixed_widths(ks: Sequence[Width]) -> list[int]:
+    """The fixed widths among ``ks`` (what a runtime without an automatic width runs)."""
+    return [k for k in ks if k != AUTO]
 
 
 @dataclass(frozen=True)
 class Runner:
     proposer: str | None = None  # None: plain greedy decoding
-    k: int | str = 0  # drafts per round (0 for greedy), or "auto"
+    k: Width = 0  # drafts per round (0 for greedy), or AUTO
 
     @property
     def name(self) -> str:
@@ -39,8 +66,8 @@ class Runner:
                                  proposer=self.proposer, k=self.k)
 
 
-def runner_list(proposers: Sequence[str] = PROPOSERS,
-                ks: Sequence[int | str] = KS) -> list[Runner]:
+def runner_list(proposers: Sequence[str] = PROPOSERS, ks: Sequence[Width] = KS
+                ) -> list[Runner]:
     return [Runner(), *(Runner(p, k) for p in proposers for k in ks)]
 
 
@@ -53,13 +80,3 @@ def why_unavailable(engine: Engine, runner: Runner, prompt: Sequence[int]) -> st
     except RequestError as error:
         return str(error)
     return None
-
-
-def parse_k(text: str) -> int | str:
-    """A ``--k`` value: a positive int, or ``auto``."""
-    if text == "auto":
-        return text
-    value = int(text)  # ValueError names the text
-    if value < 1:
-        raise ValueError(f"k must be >= 1 or auto, got {value}")
-    return value

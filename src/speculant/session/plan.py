@@ -55,7 +55,7 @@ from speculant.errors import ContractError, ResidencyError
 from speculant.session.binding import bind_input, bind_output, run_bound
 from speculant.session.graphs import EAGER_ID
 from speculant.session.session import ComponentSession, Invocation
-from speculant.tensors import HOST, NUMPY_DTYPES, Value
+from speculant.tensors import NUMPY_DTYPES, Value
 
 
 class PassPlan:

@@ -8,7 +8,11 @@ with the draft model); ``genai`` is onnxruntime-genai on a model its own builder
 writes out of the package (and out of the draft package), so every runtime decodes the same
 float32 weights. An anchor whose packages are missing, or that fails to build or load, is
 skipped with the reason; a mode that fails on its first decode is skipped with the runtime's
-own error. Modules: ``base`` (the runner record), ``hf``, ``genai``.
+own error. ``genai_model`` names a folder genai's builder made beforehand (e.g. from the same
+checkpoint on another machine, or at another precision): genai then decodes that folder (under
+a patched copy of its config) and needs neither the checkpoint nor the builder; its "= greedy"
+column is what shows it holds the same weights. Modules: ``base`` (the runner record), ``hf``,
+``genai``.
 """
 
 from __future__ import annotations
@@ -38,14 +42,16 @@ __all__ = ["ANCHORS", "AnchorDecode", "AnchorError", "AnchorRunner", "AnchorSetu
 def prepare_anchors(anchors: Sequence[str], *, package: Path, draft: Path | None, device: str,
                     threads: int | None, proposers: Sequence[str], ks: Sequence[int],
                     reference: Sequence[Sequence[int]], check_prompt: Sequence[int],
-                    work: Path | None = None, note=print) -> AnchorSetup:
+                    work: Path | None = None, note=print,
+                    genai_model: Path | None = None) -> AnchorSetup:
     """Export the checkpoints once, prepare each anchor, and keep the runners whose first
     decode of ``check_prompt`` (two tokens) works. ``reference`` is speculant's greedy
     output per prompt (genai's pad id must be one it never emits). ``work``: where the
     checkpoints and genai's models go (None: a temporary folder, removed by ``close``); a
     checkpoint or model already there, made from the same files, is reused."""
     setup = AnchorSetup()
-    wanted = [name for name in anchors if _available(name, setup, note)]
+    wanted = [name for name in anchors
+              if _available(name, setup, note, prebuilt=name == "genai" and bool(genai_model))]
     if not wanted:
         return setup
     if work is None:
@@ -53,12 +59,19 @@ def prepare_anchors(anchors: Sequence[str], *, package: Path, draft: Path | None
         setup.cleanup.append(temporary.cleanup)
         work = Path(temporary.name)
     work.mkdir(parents=True, exist_ok=True)
-    try:
-        target_hf, draft_hf = _checkpoints(package, draft, work)
-    except Exception as error:  # noqa: BLE001 - any failure is a reason to print
-        for name in wanted:
-            _skip_all(setup, name, f"export_hf failed: {type(error).__name__}: {error}", note)
-        return setup
+    target_hf = draft_hf = None
+    if "hf" in wanted or genai_model is None:  # a prebuilt genai folder needs no checkpoint
+        try:
+            target_hf, draft_hf = _checkpoints(package, draft, work)
+        except Exception as error:  # noqa: BLE001 - any failure is a reason to print
+            for name in wanted:
+                _skip_all(setup, name, f"export_hf failed: {type(error).__name__}: {error}",
+                          note)
+            return setup
+    if genai_model is not None and "genai" in wanted and draft is not None \
+            and "draft" in proposers:
+        setup.skip("genai", "genai draft (every k)", "a prebuilt genai folder (--genai-model) "
+                   "is the target alone; genai's draft mode needs both built here")
     common = {"device": device, "threads": threads, "proposers": proposers, "ks": ks}
     for name in wanted:
         before = len(setup.runners)
@@ -69,7 +82,7 @@ def prepare_anchors(anchors: Sequence[str], *, package: Path, draft: Path | None
             else:
                 from speculant_bench.anchors import genai
                 genai.prepare(setup, target_hf=target_hf, draft_hf=draft_hf, work=work,
-                              emitted=emitted_ids(reference), **common)
+                              emitted=emitted_ids(reference), prebuilt=genai_model, **common)
         except Exception as error:  # noqa: BLE001
             del setup.runners[before:]
             reason = str(error) if isinstance(error, AnchorError) else \
@@ -81,8 +94,8 @@ def prepare_anchors(anchors: Sequence[str], *, package: Path, draft: Path | None
     return setup
 
 
-def _available(name: str, setup: AnchorSetup, note) -> bool:
-    reason = why_missing(name)
+def _available(name: str, setup: AnchorSetup, note, *, prebuilt: bool = False) -> bool:
+    reason = why_missing(name, prebuilt=prebuilt)
     if reason is not None:
         _skip_all(setup, name, reason, note)
     return reason is None

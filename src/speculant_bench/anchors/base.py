@@ -30,6 +30,7 @@ REQUIRED_MODULES = {
     "hf": ("torch", "transformers", "safetensors"),
     "genai": ("onnxruntime_genai", "onnx_ir", "torch", "transformers", "safetensors"),
 }
+PREBUILT_MODULES = ("onnxruntime_genai",)  # genai on a folder its builder made beforehand
 INSTALL_HINT = ("the optional extra: pip install 'speculant[anchors]' (torch's CPU build "
                 "from https://download.pytorch.org/whl/cpu keeps the CUDA build out)")
 # The speculant proposer each anchor mode does the same job as.
@@ -56,10 +57,12 @@ def parse_anchors(values: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(names)
 
 
-def missing_modules(anchor: str, find_spec: Callable = importlib.util.find_spec) -> list[str]:
-    """The import names of ``anchor`` that are not installed (found without importing)."""
+def missing_modules(anchor: str, find_spec: Callable = importlib.util.find_spec, *,
+                    prebuilt: bool = False) -> list[str]:
+    """The import names of ``anchor`` that are not installed (found without importing);
+    ``prebuilt``: genai on a built folder, which needs no builder and no checkpoint."""
     missing = []
-    for module in REQUIRED_MODULES[anchor]:
+    for module in PREBUILT_MODULES if prebuilt else REQUIRED_MODULES[anchor]:
         try:
             found = find_spec(module) is not None
         except (ImportError, ValueError):
@@ -69,9 +72,10 @@ def missing_modules(anchor: str, find_spec: Callable = importlib.util.find_spec)
     return missing
 
 
-def why_missing(anchor: str, find_spec: Callable = importlib.util.find_spec) -> str | None:
+def why_missing(anchor: str, find_spec: Callable = importlib.util.find_spec, *,
+                prebuilt: bool = False) -> str | None:
     """None when every package ``anchor`` needs is installed; otherwise the reason to print."""
-    missing = missing_modules(anchor, find_spec)
+    missing = missing_modules(anchor, find_spec, prebuilt=prebuilt)
     if not missing:
         return None
     return (f"{RUNTIME_NAMES[anchor]} anchor skipped: {', '.join(missing)} "
@@ -92,7 +96,7 @@ class AnchorDecode:
 class AnchorRunner:
     runtime: str  # "hf" | "genai"
     mode: str  # "greedy" | "prompt_lookup" | "assisted" | "ngram" | "draft"
-    k: int  # drafts per round (0 for greedy)
+    k: int | str  # drafts per round (0 for greedy), or "auto" (the runtime's adaptive width)
     decode: Callable[..., AnchorDecode]  # decode(prompt_ids, n, count=False)
     settings: dict = field(default_factory=dict)  # the runtime's options, as passed
     variant: str = ""  # a configuration beside the default one, e.g. "cuda graph"

@@ -35,8 +35,15 @@ not capture is skipped with genai's own error on its first decode, as any failin
 Modes: ``greedy`` (the target's config); ``ngram k`` (``ngram_size`` 4, i.e. the last 3 tokens
 as speculant's prompt lookup, ``max_draft_tokens`` k, fixed width); ``draft k`` (a composite
 config whose ``model.draft`` is the draft model, built by the same builder;
-``max_draft_tokens`` k). genai rejects ``..`` in config paths, so the composite config sits in
-the folder that holds ``target/`` and ``draft/``.
+``max_draft_tokens`` k). ``k=auto`` is genai's adaptive width (``min_adaptive_k`` 1, up to
+``ADAPTIVE_MAX_DRAFT_TOKENS``), the counterpart of speculant's ``k="auto"``. genai rejects
+``..`` in config paths, so the composite config sits in the folder that holds ``target/`` and
+``draft/``.
+
+A prebuilt folder (``prebuilt``: the bench's ``--genai-model``) replaces the build of the
+target: :func:`read_prebuilt` takes its builder config (``genai_config.builder.json`` where an
+earlier bench run kept it, else ``genai_config.json``), and ``target-prebuilt/`` holds links
+to its files under the patched config, so the folder itself is never written.
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ BUILDER_MODULE = "onnxruntime_genai.models.builder"
 PRECISIONS = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}  # checkpoint → -p
 BUILT_CONFIG = "genai_config.builder.json"  # the builder's config, kept as it wrote it
 NGRAM_SIZE = 4  # genai matches the last ngram_size - 1 tokens: 3, as speculant's n_max
+AUTO = "auto"  # the k of genai's adaptive width
+ADAPTIVE_MAX_DRAFT_TOKENS = 8  # the widest default width of the bench (runners.KS)
+PREBUILT = "target-prebuilt"  # links to a prebuilt folder's files, under the patched config
 STATS_KEYS = ("rounds", "draft_tokens_proposed", "draft_tokens_evaluated",
               "draft_tokens_accepted", "correction_tokens", "bonus_tokens",
               "draft_forward_passes", "target_forward_passes")
@@ -205,11 +215,13 @@ def compose_draft_config(target: dict, draft: dict, *, target_subdir: str = "tar
     return composite
 
 
-def speculative_options(mode: str, k: int) -> dict | None:
-    """``GeneratorParams.set_speculative_options`` keywords of a mode (None: greedy)."""
+def speculative_options(mode: str, k: int | str) -> dict | None:
+    """``GeneratorParams.set_speculative_options`` keywords of a mode (None: greedy); k =
+    ``auto``: genai's adaptive width, its cooldown left at genai's default."""
     if mode == "greedy":
         return None
-    fixed = {"max_draft_tokens": k, "min_adaptive_k": 0, "cooldown": False}
+    fixed = ({"max_draft_tokens": ADAPTIVE_MAX_DRAFT_TOKENS, "min_adaptive_k": 1}
+             if k == AUTO else {"max_draft_tokens": k, "min_adaptive_k": 0, "cooldown": False})
     if mode == "ngram":
         return {"ngram_size": NGRAM_SIZE, **fixed}
     if mode == "draft":
@@ -268,18 +280,38 @@ def check_graph(out_dir: Path, command: Sequence[str]) -> None:
             "builds with GroupQueryAttention")
 
 
+def read_prebuilt(folder: Path) -> dict:
+    """The builder config of a genai model folder made beforehand; AnchorError naming the
+    folder and what is missing otherwise."""
+    folder = Path(folder)
+    for name in (BUILT_CONFIG, "genai_config.json"):
+        if (folder / name).is_file():
+            config = json.loads((folder / name).read_text())
+            break
+    else:
+        raise AnchorError(f"{folder} holds no genai_config.json: not a folder onnxruntime-"
+                          "genai's model builder wrote (python -m onnxruntime_genai.models."
+                          "builder -i HF_DIR -o FOLDER -p fp32 -e cpu)")
+    decoder = config.get("model", {}).get("decoder", {}).get("filename")
+    if not decoder or not (folder / decoder).is_file():
+        raise AnchorError(f"{folder}/genai_config.json names the decoder {decoder!r}, which is "
+                          "not in the folder")
+    return config
+
+
 def _hf_config(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text())
 
 
-def prepare(setup: AnchorSetup, *, target_hf: Path, draft_hf: Path | None, work: Path,
-            device: str, threads: int | None, proposers: Sequence[str], ks: Sequence[int],
-            emitted: set[int]) -> None:
-    """Build, configure and load the genai models; add the genai runners to ``setup``."""
+def prepare(setup: AnchorSetup, *, target_hf: Path | None, draft_hf: Path | None, work: Path,
+            device: str, threads: int | None, proposers: Sequence[str],
+            ks: Sequence[int | str], emitted: set[int], prebuilt: Path | None = None) -> None:
+    """Build (or take ``prebuilt``), configure and load the genai models; add the genai
+    runners to ``setup``."""
     import numpy as np
     import onnxruntime_genai as og
 
-    for folder in (target_hf, draft_hf):
+    for folder in (target_hf if prebuilt is None else None, draft_hf):
         if folder is None:
             continue
         config = _hf_config(folder)
@@ -291,42 +323,53 @@ def prepare(setup: AnchorSetup, *, target_hf: Path, draft_hf: Path | None, work:
     root = work / "genai"
     root.mkdir(parents=True, exist_ok=True)
     cache = work / "genai-cache"
-    builds = {"target": build(target_hf, root / "target", cache, device)}
-    use_draft = draft_hf is not None and "draft" in proposers
+    target_dir = root / ("target" if prebuilt is None else PREBUILT)
+    builds = {} if prebuilt is not None else {
+        "target": build(target_hf, target_dir, cache, device)}
+    use_draft = draft_hf is not None and "draft" in proposers and prebuilt is None
     if use_draft:
         builds["draft"] = build(draft_hf, root / "draft", cache, device)
 
-    built = json.loads((root / "target" / BUILT_CONFIG).read_text())
+    built = read_prebuilt(prebuilt) if prebuilt is not None else \
+        json.loads((target_dir / BUILT_CONFIG).read_text())
     vocab = built["model"]["vocab_size"]
     eos = built["model"].get("eos_token_id")
     eos_ids = eos if isinstance(eos, list) else [eos]
     pad = unused_token_id(vocab, emitted, avoid=[e for e in eos_ids if e is not None])
     target_config = patch_config(built, threads=threads, pad_token_id=pad,
                                  device_id=device_id(device))
-    (root / "target" / "genai_config.json").write_text(json.dumps(target_config, indent=4))
+    if prebuilt is None:
+        (target_dir / "genai_config.json").write_text(json.dumps(target_config, indent=4))
+    else:
+        link_variant(Path(prebuilt), target_dir, target_config)
     setup.info["genai"] = {
         "versions": {"onnxruntime-genai": og.__version__},
         "builder_commands": {name: command for name, (command, _) in builds.items()},
         "reused_builds": [name for name, (_, reused) in builds.items() if reused],
-        "precision": builds["target"][0][builds["target"][0].index("-p") + 1],
-        "lm_head_check": "no projection width equals the vocabulary size "
-                         f"({vocab}): {projection_widths(_hf_config(target_hf))}",
+        "prebuilt": str(prebuilt) if prebuilt is not None else None,
+        "precision": (builds["target"][0][builds["target"][0].index("-p") + 1]
+                      if prebuilt is None else "as built"),
+        "lm_head_check": ("no projection width equals the vocabulary size "
+                          f"({vocab}): {projection_widths(_hf_config(target_hf))}"
+                          if prebuilt is None else "not made (a prebuilt folder: the "
+                          "= greedy column shows it decodes the same weights)"),
         "config_patch": {"intra_op_num_threads": threads, "eos_token_id": [],
                          "pad_token_id": pad},
         "ngram_size": NGRAM_SIZE,
         "folder": str(root),
     }
 
-    folders = {"target": root / "target"}
+    folders = {"target": target_dir}
     if use_draft:
         draft_built = json.loads((root / "draft" / BUILT_CONFIG).read_text())
-        composite = patch_config(compose_draft_config(built, draft_built), threads=threads,
-                                 pad_token_id=pad, device_id=device_id(device))
+        composite = patch_config(compose_draft_config(built, draft_built,
+                                                      target_subdir=target_dir.name),
+                                 threads=threads, pad_token_id=pad, device_id=device_id(device))
         (root / "genai_config.json").write_text(json.dumps(composite, indent=4))
         folders["composite"] = root
     if device.startswith("cuda"):
         folders.update(cuda_graph_folders(root, target_config,
-                                          composite if use_draft else None))
+                                          composite if use_draft else None, target_dir))
         setup.info["genai"]["cuda_graph"] = {"enable_cuda_graph": "1",
                                              "past_present_share_buffer": True}
     models = {}
@@ -388,12 +431,13 @@ def runner_modes(proposers: Sequence[str], ks: Sequence[int], use_draft: bool,
     return modes
 
 
-def cuda_graph_folders(root: Path, target_config: dict,
-                       composite: dict | None) -> dict[str, Path]:
+def cuda_graph_folders(root: Path, target_config: dict, composite: dict | None,
+                       target_dir: Path | None = None) -> dict[str, Path]:
     """The CUDA-graph variants' folders: ``root/target-cuda-graph`` (links to the target's
     files) and, with a draft, ``root/cuda-graph`` (links to ``target/`` and ``draft/``)."""
     folders = {"target" + GRAPH_SUFFIX: link_variant(
-        root / "target", root / "target-cuda-graph", cuda_graph_config(target_config))}
+        target_dir or root / "target", root / "target-cuda-graph",
+        cuda_graph_config(target_config))}
     if composite is not None:
         folders["composite" + GRAPH_SUFFIX] = link_variant(
             root, root / "cuda-graph", cuda_graph_config(composite), ["target", "draft"])

@@ -27,6 +27,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from speculant_bench.anchors.base import AnchorDecode, AnchorRunner, AnchorSetup
+from speculant_bench.runners import fixed_widths
 
 PROMPT_LOOKUP_MAX_NGRAM = 3  # as speculant's prompt lookup: ngram_range (1, 3)
 
@@ -155,10 +156,11 @@ def prepare(setup: AnchorSetup, *, target_dir: Path, draft_dir: Path | None, dev
         return decode
 
     modes = [("greedy", 0)]
+    widths = fixed_widths(ks)  # transformers' candidate generators take a fixed width here
     if "prompt_lookup" in proposers:
-        modes += [("prompt_lookup", k) for k in ks]
+        modes += [("prompt_lookup", k) for k in widths]
     if assistant is not None and "draft" in proposers:
-        modes += [("assisted", k) for k in ks]
+        modes += [("assisted", k) for k in widths]
     for mode, k in modes:
         setup.runners.append(AnchorRunner("hf", mode, k, decoder(mode, k),
                                           generate_options(mode, k)))

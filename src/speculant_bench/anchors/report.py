@@ -187,8 +187,11 @@ def _runtime_lines(runtimes: dict) -> list[str]:
     if genai:
         versions = ", ".join(f"{k} {v}" for k, v in genai["versions"].items())
         patch = genai["config_patch"]
-        lines.append(f"- genai: {versions}; model builder `-p {genai['precision']}` on the same "
-                     f"checkpoint; genai_config.json patched: intra_op_num_threads "
+        built = (f"the model folder {genai['prebuilt']} (built beforehand)"
+                 if genai.get("prebuilt") else
+                 f"model builder `-p {genai['precision']}` on the same checkpoint")
+        lines.append(f"- genai: {versions}; {built}; genai_config.json patched: "
+                     f"intra_op_num_threads "
                      f"{patch['intra_op_num_threads']}, eos_token_id [], pad_token_id "
                      f"{patch['pad_token_id']} (never emitted by greedy); n-gram size "
                      f"{genai['ngram_size']}; LM-head check: {genai['lm_head_check']}")
@@ -273,7 +276,8 @@ def plot_on(ax, report: dict) -> None:
     def key_of(row: dict) -> tuple[str, ...]:
         return (row["runtime"], row["mode"]) + ((row["variant"],) if row.get("variant") else ())
 
-    for key in dict.fromkeys(key_of(r) for r in rows if r["k"]):
-        line = sorted((r for r in rows if key_of(r) == key), key=lambda r: r["k"])
+    fixed = [r for r in rows if isinstance(r["k"], int) and r["k"]]  # k = auto has no x
+    for key in dict.fromkeys(key_of(r) for r in fixed):
+        line = sorted((r for r in fixed if key_of(r) == key), key=lambda r: r["k"])
         ax.plot([r["k"] for r in line], [r["decode_tokens_per_s"]["median"] for r in line],
                 linestyle=":", marker="x", label=" ".join(key))
