@@ -41,7 +41,7 @@ def bench(
                                                             "prompt_lookup).")] = None,
     k: Annotated[list[str] | None, typer.Option(help="Drafts per round, or auto (the width "
                                                      "chosen per round); repeatable; "
-                                                     "default: 1 2 4 8 auto).")] = None,
+                                                     "default: 1 2 4 8 auto.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.md and the "
                                            "PNGs.")] = Path("bench-out"),
     anchors: Annotated[list[str] | None, typer.Option(
