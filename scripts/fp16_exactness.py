@@ -33,7 +33,8 @@ for dtype in ("float16", "float32"):
         for proposer in ("chained", "prompt_lookup"):
             got = engine.generate(prompt, 128, stop_on_eos=False, proposer=proposer,
                                   k=4).token_ids
-            first = next((i for i, (a, b) in enumerate(zip(got, greedy)) if a != b), None)
+            first = next((i for i, (a, b) in enumerate(zip(got, greedy, strict=False))
+                          if a != b), None)
             row[proposer] = {"equal": got == greedy, "first_difference": first}
         rows.append(row)
     report[dtype] = {"prompts": rows, "equal": {
