@@ -41,7 +41,9 @@ told of each run, as of an invocation.
 the seam's ``graph_captures``), every later run replays it (``graph_replays``). Elsewhere,
 or where a buffer of the plan lives off the session's device (a zero-size buffer is a host
 value), ``graph_id`` is -1 and
-``plan.eager_reason`` says why. A plan per width is thus a graph per width.
+``plan.eager_reason`` says why. A plan per width is thus a graph per width. A captured plan
+replays **overlapped** (``plan.is_overlapped``, unless the session says ``overlap=False``): the
+run returns once its replay is queued, and the next read-back on the shared stream waits.
 """
 
 from __future__ import annotations
