@@ -30,6 +30,7 @@ import pytest
 import speculant
 from speculant.speculative import chained
 from speculant.speculative.chained import ChainedProposer, read_scaled_table
+from speculant.workflow.static_cells import StaticPool
 from speculant.workflow.target_pass import TargetPass
 
 STRICT = os.environ.get("SPECULANT_REQUIRE_EVIDENCE") == "1"
@@ -228,19 +229,22 @@ def test_mean_accepted_length_at_k4_is_above_its_floor(pair):
 
 
 # -- the planted defects: each must lower acceptance, and the output must not change ----------
-def plant_zeroed_borrowed_cache(monkeypatch) -> None:
+def plant_zeroed_borrowed_cache(monkeypatch, pair: Pair) -> None:
     """The drafter reads a zeroed buffer through its read-only aliases instead of the
-    target's live last-layer KV cells (a borrowed cache that is never the owner's)."""
+    target's live last-layer KV cells (a borrowed cache that is never the owner's). On static
+    caches the drafter's plan binds what the first proposal was given, so the planted run
+    gets buffers and plans of its own (and leaves none behind for the healthy runs)."""
     fixed_bindings = ChainedProposer._fixed_bindings
 
-    def zeroed(self, state):
-        fixed = fixed_bindings(self, state)
+    def zeroed(self, state, step_plan=None):
+        fixed = fixed_bindings(self, state, step_plan)
         for port in self.chain.borrowed:
             live = fixed[port]
             fixed[port] = self.seam.zeros(live.shape, live.dtype, live.residency)
         return fixed
 
     monkeypatch.setattr(ChainedProposer, "_fixed_bindings", zeroed)
+    monkeypatch.setattr(pair.engine, "static_pool", StaticPool())
 
 
 def plant_unscaled_table(monkeypatch, pair: Pair) -> None:
@@ -259,7 +263,7 @@ def plant_unscaled_table(monkeypatch, pair: Pair) -> None:
 def test_a_planted_defect_lowers_acceptance_and_not_the_output(pair, defect, monkeypatch):
     healthy = mean_accepted_length(pair.healthy(DEFECT_WIDTH))  # before planting
     if defect == "zeroed_borrowed_cache":
-        plant_zeroed_borrowed_cache(monkeypatch)
+        plant_zeroed_borrowed_cache(monkeypatch, pair)
     else:
         plant_unscaled_table(monkeypatch, pair)
     runs = pair.speculative(DEFECT_WIDTH)
