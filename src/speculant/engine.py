@@ -58,9 +58,9 @@ class Engine:
         ``cuda_graphs`` (True, False, ``"auto"``: on where the package has static caches and
         the device is CUDA) captures each pass plan as a CUDA graph (``session/graphs.py``);
         :attr:`cuda_graphs` says what each session does, and every decode's stats carry it.
-        ``overlap``: on CUDA, pass plans whose buffers are all on the device return once
-        their work is queued, so the host prepares the next step meanwhile (False: every
-        run waits for its work, ORT's default)."""
+        ``overlap``: on CUDA, captured pass plans return once their replay is queued, so the
+        host prepares the next step meanwhile (False: every run waits for its work, ORT's
+        default)."""
         self.package = package
         self.device = residency_for_device(device)
         self.seam = make_seam(self.device, ordering=ordering)

@@ -126,20 +126,19 @@ class GraphCapture:
         return graph_id
 
     def run_options(self, graph_id: int, *, unsynchronized: bool = False) -> Any:
-        """ORT run options with ``gpu_graph_id`` = ``graph_id`` (on a capturing session) and,
-        when ``unsynchronized``, ``disable_synchronize_execution_providers``: the run returns
-        once its work is queued on the stream (for plans whose every buffer is on the
-        device: see PassPlan). None where there is nothing to say (ORT's defaults)."""
-        if not self.is_enabled and not unsynchronized:
+        """ORT run options with ``gpu_graph_id`` = ``graph_id`` and, when ``unsynchronized``,
+        ``disable_synchronize_execution_providers``: the run returns once its work is queued
+        on the stream (captured plans: see PassPlan). None on an eager session (ORT's
+        defaults: nothing to say)."""
+        if not self.is_enabled:
             return None
-        key = (graph_id if self.is_enabled else EAGER_ID, unsynchronized)
+        key = (graph_id, unsynchronized)
         options = self._options.get(key)
         if options is None:
             import onnxruntime as ort
 
             options = ort.RunOptions()
-            if self.is_enabled:
-                options.add_run_config_entry("gpu_graph_id", str(key[0]))
+            options.add_run_config_entry("gpu_graph_id", str(graph_id))
             if unsynchronized:
                 options.add_run_config_entry("disable_synchronize_execution_providers", "1")
             self._options[key] = options

@@ -104,7 +104,7 @@ class ComponentSession:
                  cuda_graphs: GraphDecision = OFF, overlap: bool = True) -> None:
         """``threads``: ONNX Runtime's intra-op thread count (None: its default);
         ``cuda_graphs``: whether to create the session for CUDA graph capture; ``overlap``:
-        whether device-resident pass plans return once queued (session/plan.py)."""
+        whether captured pass plans return once queued (session/plan.py)."""
         self.name = name
         self.ports = ports
         self.device = device  # where the component executes
@@ -112,9 +112,9 @@ class ComponentSession:
         self.output_residency = HOST if outputs_on_host else device
         self.seam = seam
         self.observers: list[Observer] = []
-        # PassPlan runs on CUDA whose buffers are all on the device return once queued
-        # (``overlap``); where ``times_to_completion``, an observed run waits for its work
-        # first (the target's: its observers time verify passes, and a read-back follows)
+        # captured pass plans return once their replay is queued (``overlap``); where
+        # ``times_to_completion``, an observed run waits for its work first (the target's:
+        # its observers time verify passes, and a read-back follows)
         self.overlap = overlap
         self.times_to_completion = False
         providers = provider_for(device, seam, use_tf32=use_tf32)
@@ -123,8 +123,8 @@ class ComponentSession:
         if threads is not None:
             options.intra_op_num_threads = threads
         if device == HOST:  # the target's and the drafter's pools take turns on the same cores:
-            # a pool that spins after its run starves the other's (measured on SmolLM2, 2 cores:
-            # chained k=4 0.72x greedy spinning, 1.36x not; greedy itself unchanged)
+            # a pool that spins after its run starves the other's (SmolLM2 on 2 cores, bench:
+            # chained k=4 0.56x greedy spinning, 1.12x not; greedy itself unchanged)
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.graphs = GraphCapture(False, cuda_graphs.reason)
         if cuda_graphs.is_wanted:

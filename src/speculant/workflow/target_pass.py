@@ -144,9 +144,11 @@ class TargetPass:
                         wf.inputs[cell.initializer].contract.dims[cell.sequence_axis])
             if isinstance(dim, str))
         self.driver_sources = driver_sources(plan, wf.inputs)  # compiled once
-        # value name -> the source that writes it into a static pass plan's buffer
-        self.written_sources = {name: source for name, source in self.driver_sources
-                                if not isinstance(source, CellValue)}
+        # (port, value name, source) of every input a static pass writes into its plan
+        sources = dict(self.driver_sources)
+        self.written_inputs = tuple(
+            (port, name, sources[name]) for port, name in plan.target_inputs.items()
+            if name in sources and not isinstance(sources[name], CellValue))
         port_of = {name: port for port, name in plan.target_inputs.items()}
         self.control_ports = {control: port_of[name] for control, name in plan.serving.items()
                               if name in port_of}
@@ -239,10 +241,7 @@ def run_static(target: TargetPass, tokens: Sequence[int], start: int, cells: Sta
     seam = target.session.seam
     values: dict[str, Value] = {}
     with seam.write_batch():
-        for port, value_name in target.plan.target_inputs.items():
-            source = target.written_sources.get(value_name)
-            if source is None:
-                continue
+        for port, value_name, source in target.written_inputs:
             buffer = plan.inputs[port]
             if isinstance(source, TokenIds | PositionIds) and buffer.shape[-1] != n:
                 raise ContractError(
