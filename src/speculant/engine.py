@@ -22,6 +22,7 @@ from speculant.package.package import Package
 from speculant.session.graphs import decide
 from speculant.session.session import ComponentSession
 from speculant.speculative.auto_k import WidthCosts
+from speculant.speculative.chain_graph import step_component
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
@@ -69,13 +70,20 @@ class Engine:
                         has_static_caches=any(
                             g.update is not None and g.update.kind == "indexed_scatter"
                             for g in groups_of(wf).values()))
+        components = {plan.target: (package.model_source(plan.target),
+                                    wf.components[plan.target].ports)}
+        if plan.proposer is not None and plan.chain is not None:  # its step graph, made once
+            step = step_component(package)
+            components[plan.proposer] = (step.source, step.ports)
+        elif plan.proposer is not None:
+            components[plan.proposer] = (package.model_source(plan.proposer),
+                                         wf.components[plan.proposer].ports)
         self.sessions = {
-            name: ComponentSession(name, package.model_source(name), wf.components[name].ports,
-                                   self.device, self.seam, use_tf32=use_tf32,
-                                   outputs_on_host=outputs_on_host,
+            name: ComponentSession(name, source, ports, self.device, self.seam,
+                                   use_tf32=use_tf32, outputs_on_host=outputs_on_host,
                                    artifact=str(package.artifacts[name]), threads=threads,
                                    cuda_graphs=graphs, overlap=overlap)
-            for name in (plan.target, plan.proposer) if name is not None}
+            for name, (source, ports) in components.items()}
         self.cuda_graphs = "; ".join(f"{name}: {session.graphs.describe()}"
                                      for name, session in self.sessions.items())
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])

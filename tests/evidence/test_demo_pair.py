@@ -236,8 +236,8 @@ def plant_zeroed_borrowed_cache(monkeypatch, pair: Pair) -> None:
     gets buffers and plans of its own (and leaves none behind for the healthy runs)."""
     fixed_bindings = ChainedProposer._fixed_bindings
 
-    def zeroed(self, state, step_plan=None):
-        fixed = fixed_bindings(self, state, step_plan)
+    def zeroed(self, state, into=None):
+        fixed = fixed_bindings(self, state, into)
         for port in self.chain.borrowed:
             live = fixed[port]
             fixed[port] = self.seam.zeros(live.shape, live.dtype, live.residency)
@@ -257,6 +257,7 @@ def plant_unscaled_table(monkeypatch, pair: Pair) -> None:
 
     monkeypatch.setattr(chained, "read_scaled_table", unscaled)
     monkeypatch.setattr(pair.engine.proposer, "_table", None)  # read again, unscaled
+    monkeypatch.setattr(pair.engine, "static_pool", StaticPool())  # step plans bind the table
 
 
 @pytest.mark.parametrize("defect", ["zeroed_borrowed_cache", "unscaled_embedding_table"])

@@ -29,6 +29,7 @@ from builders import reference as ref
 from builders.trace import Trace, chained_drafts, speculative_trace
 from speculant.speculative import chained
 from speculant.speculative import proposal as proposal_module
+from speculant.speculative.chain_graph import CARRY, TABLE, TOKEN
 from speculant.speculative.chained import ChainedProposer
 from speculant.tensors import Value
 from speculant.workflow.state import DecodeState, empty_cells
@@ -51,6 +52,15 @@ class Step:
 
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
+
+    @property
+    def fused(self) -> np.ndarray:
+        """The fused input the step graph builds from what it was bound:
+        ``concat(table[token], carry)`` [1, 1, W_F] (test_chain_graph.py holds the graph to
+        exactly that)."""
+        row = self.inputs[TABLE][self.inputs[TOKEN]]  # [1, W_E]
+        carry = self.inputs[CARRY]  # [1, 1, W_C]
+        return np.concatenate([row.reshape(carry.shape[:-1] + row.shape[-1:]), carry], -1)
 
 
 @dataclass
@@ -340,7 +350,7 @@ def check_e6_leading_segment(rec: Recording) -> None:
         assert len(proposal.steps) == proposal.k + 1
         for j, (step, token) in enumerate(zip(proposal.steps, embedded_tokens(proposal),
                                               strict=True)):
-            fused = step.inputs[chain.fused_port]  # [1, 1, W_F]
+            fused = step.fused  # [1, 1, W_F]
             assert fused.shape == (1, 1, fx.FUSED_WIDTH)
             assert fused.dtype == np.dtype(chain.currency)
             expected = ref.scaled_row(token, chain.currency)
@@ -357,7 +367,7 @@ def check_carry_chain(rec: Recording) -> None:
         context = ref.target_forward(SPEC, *_prefix_inputs(proposal.tokens[:proposal.consumed],
                                                            rec.dtype))
         carry_0 = context.hidden_states[0, proposal.consumed - 1].astype(rec.dtype)
-        trailing = [s.inputs[chain.fused_port][0, 0, fx.EMBED_WIDTH:] for s in proposal.steps]
+        trailing = [s.fused[0, 0, fx.EMBED_WIDTH:] for s in proposal.steps]
         assert np.array_equal(trailing[0], carry_0), (
             f"C={proposal.consumed}: carry_0 {trailing[0]} != target hidden row {carry_0}")
         for j in range(1, len(proposal.steps)):
@@ -421,8 +431,8 @@ def plant_borrowed_cache(mp: pytest.MonkeyPatch, how: str) -> None:
     """
     original = ChainedProposer._fixed_bindings
 
-    def planted(self: ChainedProposer, state: DecodeState, step_plan=None) -> dict[str, Value]:
-        fixed = original(self, state, step_plan)
+    def planted(self: ChainedProposer, state: DecodeState, into=None) -> dict[str, Value]:
+        fixed = original(self, state, into)
         for port, cell_name in self.chain.borrowed.items():
             cell = self.package.plan.cells[cell_name]
             correct = fixed[port]
@@ -479,16 +489,13 @@ def _propose_without_bootstrap(self: ChainedProposer, state: DecodeState,
     """runtime.md §9.4 without step 0: the first step embeds p with carry_0 and its
     prediction is taken as d_1 (k invocations)."""
     vp, keep, seam, chain = state.latest, state.num_kept, self.seam, self.chain
-    fixed = self._fixed_bindings(state, None)
+    fixed = {**self._fixed_bindings(state), TABLE: self.table}
     carry = seam.slice_axis(vp.seed, vp.seed.rank - 2, keep - 1, 1)
-    table = self.table
-    fused = seam.zeros(self._step_shape(table.shape[1], carry.shape[-1]), chain.currency,
-                       self.residency)
+    token = seam.zeros((1,), "int32", self.residency)
     last, drafts = state.pending, []
     for _ in range(k):
-        seam.scatter_into_last_axis(fused, seam.gather_rows(table, [last]), 0)
-        seam.scatter_into_last_axis(fused, carry, table.shape[1])
-        out = self.session.invoke({**fixed, chain.fused_port: fused},
+        seam.write_ints(token, [last])
+        out = self.session.invoke({**fixed, TOKEN: token, CARRY: carry},
                                   [chain.logits_output, chain.carry_output])
         carry = seam.last_along_axis(out[chain.carry_output], 1)
         last = seam.read_token_ids(seam.argmax_rows(seam.last_along_axis(

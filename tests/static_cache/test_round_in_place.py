@@ -1,6 +1,6 @@
 """The round verified in place (issue 12 item 4). On static caches a greedy chained proposal
-keeps its drafts where the chain runs (``Proposal.drafts``: each step's argmax feeds the next
-step's gather there) and the round compares them with the target's choices there
+keeps its drafts where the chain runs (``Proposal.drafts``: each step's argmax is the next
+step's token there) and the round compares them with the target's choices there
 (``seam.accept_greedy``), so the host reads back only ``a`` and the committed ids, once per
 round. On the host the same code runs over numpy; tests/cuda/test_round_in_place_cuda.py
 counts the bytes on the GPU."""
@@ -12,9 +12,12 @@ import pytest
 
 import speculant
 from speculant.speculative import round as round_module
+from speculant.speculative.chain_graph import TOKEN
+from speculant.speculative.chain_steps import ChainSteps
 from speculant.speculative.verify import greedy_accept
 from speculant.tensors import Value, make_seam
 from speculant.tensors.acceptance import accept_greedy
+from speculant.workflow.static_cells import StaticPool
 
 PROMPT = [7, 3, 41, 12, 25, 9, 7, 3, 41, 12]
 NEW = 24
@@ -74,18 +77,22 @@ def test_static_chained_greedy_verifies_in_place_and_equals_greedy(engines, k, m
 
 
 def test_a_draft_fed_back_wrong_changes_the_rounds_not_the_tokens(demo_static, monkeypatch):
-    """The planted defect: each step's gather reads row 0 instead of the previous argmax's
-    row. Verification keeps the tokens; on the trained demo pair fewer drafts land."""
+    """The planted defect: every step after the bootstrap reads token 0 instead of the
+    previous step's argmax. Verification keeps the tokens; on the trained demo pair fewer
+    drafts land."""
     engine = speculant.load(demo_static, threads=1)
     prompt = engine.tokenizer.encode("def fibonacci(n):\n")
     right = engine.generate(prompt, NEW, speculative=True, k=4, stop_on_eos=False)
-    seam = engine.seam
-    gather_at = type(seam).gather_rows_at
+    step_inputs = ChainSteps.step_inputs
 
-    def row_zero(self, table, ids):
-        return gather_at(self, table, Value.host(np.zeros(ids.shape, np.int32), "int32"))
+    def token_zero(self, j):
+        inputs = step_inputs(self, j)
+        if j > 1:  # steps 0 and 1 read s and p, written by the proposal itself
+            inputs[TOKEN] = self.session.seam.zeros((1,), "int32", self.ids.residency)
+        return inputs
 
-    monkeypatch.setattr(type(seam), "gather_rows_at", row_zero)
+    monkeypatch.setattr(ChainSteps, "step_inputs", token_zero)
+    monkeypatch.setattr(engine, "static_pool", StaticPool())  # plans made anew, with the defect
     wrong = engine.generate(prompt, NEW, speculative=True, k=4, stop_on_eos=False)
     assert wrong.token_ids == right.token_ids
     assert wrong.stats.accepted_drafts < right.stats.accepted_drafts

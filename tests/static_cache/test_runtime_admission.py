@@ -125,11 +125,13 @@ def test_requests_reuse_the_engines_buffers_and_plans(pairs):
     (only,) = cells.values()
     plans = dict(only.plans)
     assert plans and all(n <= 5 for n in plans)  # verify widths only: no prefill width kept
-    drafter_plan = only.proposer_plan
+    drafter_steps = only.chain_steps
+    drafter_plans = list(drafter_steps.plans)
     second = engine.generate([7, 3, 41, 12, 25, 9, 2, 8], 12, proposer="chained", k=4)
     assert len(engine.static_pool._cells) == 1
     assert {n: id(p) for n, p in only.plans.items() if n in plans} == \
         {n: id(p) for n, p in plans.items()}
-    assert only.proposer_plan is drafter_plan
+    assert only.chain_steps is drafter_steps
+    assert drafter_steps.plans[:len(drafter_plans)] == drafter_plans  # the same step plans
     assert first.token_ids == engine.generate([7, 3, 41, 12, 25, 9], 12).token_ids
     assert second.token_ids == engine.generate([7, 3, 41, 12, 25, 9, 2, 8], 12).token_ids

@@ -5,7 +5,6 @@ byte (and the appended form's truncation bytes counted)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import speculant
@@ -106,11 +105,13 @@ def test_buffers_are_allocated_once_and_bound_as_past_and_present(static_root):
             for part in ("key", "value"):
                 assert plan.inputs[f"past_key_values.{i}.{part}"] is cells[f"kv.{i}.{part}"]
                 assert plan.outputs[f"present.{i}.{part}"] is cells[f"kv.{i}.{part}"]
-    drafter = cells.proposer_plan
-    assert drafter is not None and drafter.num_runs == decode.stats.proposer_invocations - 1
-    for part in ("key", "value"):
-        assert np.shares_memory(drafter.inputs[f"shared_kv.{part}"].data,
-                                cells[f"kv.1.{part}"].data)
+    steps = cells.chain_steps  # one plan per step index, after one checked run
+    assert steps is not None
+    assert sum(p.num_runs for p in steps.plans) == decode.stats.proposer_invocations
+    assert len(steps.plans) == 5  # steps 0 … 4 at k = 4
+    for plan in steps.plans:
+        for part in ("key", "value"):
+            assert plan.inputs[f"shared_kv.{part}"] is cells[f"kv.1.{part}"]
 
 
 def test_slots_past_the_length_are_never_read(static_root, greedy_tokens):

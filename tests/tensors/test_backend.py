@@ -22,7 +22,7 @@ METHODS = sorted(name for name, member in vars(Backend).items()
 def test_the_protocol_lists_every_operation_transfer_and_primitive():
     assert METHODS == sorted([
         "window", "gather", "scatter", "zeros", "write_ints", "write_arange", "write_ids",
-        "gather_at", "accept", "argmax", "distribution", "sample", "rejection",
+        "accept", "argmax", "distribution", "sample", "rejection",
         "download", "upload", "peer_copy", "synchronize", "write_batch", "unsupported_reason",
         "pointer", "compute_stream", "wrap"])
 

@@ -1,8 +1,8 @@
 """The chained proposal (runtime.md §8-§9): an MTP/EAGLE-style drafter, step by step.
 
-Each step feeds the drafter ``concat(scaled_table[last], carry)`` in one owned buffer of the
-chain's currency, built where the chain executes; the borrowed caches are the owner's cells
-as they stand after rollback; only the drafted token ids cross to the host.
+Each step feeds the drafter ``concat(scaled_table[last], carry)``, built inside its step graph
+where the chain executes (``chain_graph.py``); the borrowed caches are the owner's cells as
+they stand after rollback; only the drafted token ids cross to the host.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
+from speculant.speculative.chain_graph import CARRY, NEXT, TABLE, TOKEN
+from speculant.speculative.chain_steps import ChainSteps
 from speculant.speculative.proposal import Proposal
 from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.sampler import choose
@@ -51,18 +53,17 @@ class ChainedProposer:
     """Drafts ``k_r`` tokens per round from the chain context of the decode state."""
 
     def __init__(self, package: Package, session: ComponentSession, seam: TensorSeam) -> None:
+        """``session`` runs the proposer's step graph (``chain_graph.step_component``)."""
         assert package.plan.chain is not None
         self.package = package
         self.chain = package.plan.chain
         self.session = session
         self.seam = seam
+        self.max_k = package.plan.rollback_bound or 0  # the chain's bound on k (admission)
         # The chain residency: where the proposer's outputs are produced (its execution device,
         # or the host in the host-staged parity configuration).
         self.residency = session.output_residency
         self._table: Value | None = None  # [V_E, W_E] currency, scaled, in the chain residency
-        fused = session.ports.inputs[self.chain.fused_port]
-        self.fused_dims = fused.dims
-        self.fused_request_axis = fused.batch_layout.axis
 
     @property
     def table(self) -> Value:
@@ -81,83 +82,97 @@ class ChainedProposer:
         the argmax of its step's row, or under sampling a draw from ``q_j = T(row)``,
         returned with the ``q_j`` (the bootstrap step draws nothing). A subset vocabulary
         (``speculative.vocabulary: subset``) gives ``q_j`` over its ``V_q`` ids, each id
-        used unchanged as the target's; the verifier reads ``q_j = 0`` beyond them. Greedy on
-        static caches the drafts stay where the chain runs (``Proposal.drafts`` [k] int32:
-        each step's argmax feeds the next step's gather there, and the round verifies them
-        in place); otherwise each draft is read back (4 bytes) as it is made."""
+        used unchanged as the target's; the verifier reads ``q_j = 0`` beyond them. A step is
+        one run of the step graph (``chain_graph.py``), fed the token and the carry. Greedy
+        on static caches the drafts stay where the chain runs (``Proposal.drafts`` [k] int32,
+        each step's argmax the next step's token there: ``chain_steps.py``) and the round
+        verifies them in place; otherwise each draft is read back (4 bytes) as it is made."""
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None
-        seam, chain = self.seam, self.chain
-        cells = state.cells
-        plan = cells.proposer_plan if isinstance(cells, StaticCells) else None
-        with seam.write_batch():  # the fixed bindings, once per proposal
-            fixed = self._fixed_bindings(state, plan)
-        carry = self._carry_0(pass_result, num_kept)  # [1, 1, W_C] currency
-        table = self.table  # [V_E, W_E]
-        if plan is not None:  # static caches: the request's plan, its small inputs rewritten
-            fused = plan.inputs[chain.fused_port]
-        else:
-            fused = seam.zeros(self._step_shape(table.shape[1], carry.shape[-1]),
-                               chain.currency, self.residency)  # [1, 1, W_F], per proposal
         last = pass_result.tokens[num_kept - 1]  # s: the last consumed token
-        if not 0 <= last < table.shape[0]:
-            raise ChainError(f"token {last} is outside the embedding table's {table.shape[0]} "
-                             "rows", value=last, expected=f"0 <= id < {table.shape[0]}")
-        kept = state.sampler is None and isinstance(cells, StaticCells)
-        kept_drafts = seam.zeros((k,), "int32", self.residency) if kept else None  # [k] int32
-        last_ids: Value | None = None  # [1] int32: the previous step's argmax, where it is
+        num_rows = self.table.shape[0]
+        if not 0 <= last < num_rows:
+            raise ChainError(f"token {last} is outside the embedding table's {num_rows} rows",
+                             value=last, expected=f"0 <= id < {num_rows}")
+        carry_0 = self._carry_0(pass_result, num_kept)  # [1, 1, W_C] currency
+        if isinstance(state.cells, StaticCells):
+            return self._propose_planned(state, state.cells, k, last, carry_0)
+        return self._propose_invoked(state, k, last, carry_0)
+
+    def _propose_invoked(self, state: DecodeState, k: int, last: int,
+                         carry: Value) -> Proposal:
+        """Appended caches: every step through ``invoke``, its draft read back."""
+        seam, chain = self.seam, self.chain
+        fixed = {**self._fixed_bindings(state), TABLE: self.table}
+        token = seam.zeros((1,), "int32", self.residency)  # [1] int32, per proposal
         drafts: list[int] = []
         probs: list[Value] = []  # q_j = T(step j's row) when sampling
         for j in range(k + 1):
-            with seam.write_batch():  # one step's fused input: concat(table[last], carry)
-                row = seam.gather_rows(table, [last]) if last_ids is None else \
-                    seam.gather_rows_at(table, last_ids)
-                seam.scatter_into_last_axis(fused, row, 0)
-                seam.scatter_into_last_axis(fused, carry, table.shape[1])
-            if plan is not None:
-                out = plan.run()
-            else:
-                out = self.session.invoke({**fixed, chain.fused_port: fused},
-                                          [chain.logits_output, chain.carry_output])
-                if isinstance(cells, StaticCells):  # checked once; then planned
-                    plan = cells.proposer_plan = self._plan({**fixed, chain.fused_port: fused},
-                                                            out)
-                    fused = plan.inputs[chain.fused_port] if plan is not None else fused
+            seam.write_ints(token, [last])
+            out = self.session.invoke({**fixed, TOKEN: token, CARRY: carry},
+                                      [chain.logits_output, chain.carry_output])
             if j < k:
                 carry = self._step_carry(out[chain.carry_output])
             if j == 0:
                 last = state.pending  # bootstrap: its prediction is p, already known
                 continue
-            logits = out[chain.logits_output]  # [1, 1, V] draft scores
-            scores = seam.last_along_axis(logits, logits.rank - 2)
-            if kept_drafts is not None:  # the argmax stays: it feeds the next step's gather
-                last_ids = seam.argmax_rows(scores)  # [1] int32
-                seam.scatter_into_last_axis(kept_drafts, last_ids, j - 1)
-                continue
-            last, q = choose(seam, state.sampler, scores)
-            drafts.append(last)  # 4 bytes read back
+            last, q = self._choose(state, out)  # 4 bytes read back
+            drafts.append(last)
             if q is not None:
                 probs.append(q)
         return Proposal(drafts, probs if state.sampler is not None else None,
-                        num_invocations=k + 1, num_scored_rows=k, drafts=kept_drafts)
+                        num_invocations=k + 1, num_scored_rows=k)
 
-    def _plan(self, inputs: dict[str, Value], produced: dict[str, Value]) -> PassPlan:
-        """The drafter step's plan on static caches, made after its first (checked) step:
+    def _propose_planned(self, state: DecodeState, cells: StaticCells, k: int, last: int,
+                         carry_0: Value) -> Proposal:
+        """Static caches: the step plans of these buffers, made on their first proposal."""
+        seam = self.seam
+        steps, is_new = cells.chain_steps, cells.chain_steps is None
+        if steps is None:  # its shared inputs are this proposal's already
+            steps = cells.chain_steps = self._steps(state, last, carry_0)
+        with seam.write_batch():  # once per proposal: s, p, carry_0 and the shared inputs
+            if not is_new:
+                self._fixed_bindings(state, steps.shared)
+            seam.write_ints(steps.ids, [last, state.pending])
+            seam.scatter_into_last_axis(seam.owned_rows(steps.carries, 0, 1, squeeze=True),
+                                        carry_0, 0)
+        drafts: list[int] = []
+        probs: list[Value] = []
+        for j in range(k + 1):
+            out = steps.plan(j).run()
+            if j == 0 or state.sampler is None:
+                continue  # greedy: step j's argmax is step j + 1's token, where it was made
+            draft, q = self._choose(state, out)
+            seam.write_ints(steps.ids, [draft], j + 1)  # the draw feeds step j + 1
+            drafts.append(draft)
+            probs.append(q)
+        if state.sampler is None:
+            return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
+        return Proposal(drafts, probs, num_invocations=k + 1, num_scored_rows=k)
+
+    def _steps(self, state: DecodeState, last: int, carry_0: Value) -> ChainSteps:
+        """The step plans of a static buffer set, after one checked run of the step graph:
         the borrowed ports bound to the target's buffers themselves (read in place, never
-        copied), a buffer of its own for every other input and output. Per proposal it then
-        writes ``position_ids`` and ``cache_lengths``; per step the fused input."""
-        seam, session = self.seam, self.session
-        buffers: dict[str, Value] = {}
-        with seam.write_batch():
-            for port, value in inputs.items():
-                if port in self.chain.borrowed:
-                    buffers[port] = value  # the target's buffer of the last layer
-                    continue
+        copied), the table to the chain's, a buffer of their own for the other inputs."""
+        seam, session, chain = self.seam, self.session, self.chain
+        fixed = self._fixed_bindings(state)
+        token = seam.write_ints(seam.zeros((1,), "int32", self.residency), [last])
+        produced = session.invoke({**fixed, TABLE: self.table, TOKEN: token, CARRY: carry_0},
+                                  [chain.logits_output, chain.carry_output, NEXT])
+        shared: dict[str, Value] = {TABLE: self.table}
+        for port, value in fixed.items():
+            if port in chain.borrowed:
+                shared[port] = value  # the target's buffer of the last layer
+            else:
                 buffer = seam.zeros(value.shape, value.dtype, session.device)
-                buffers[port] = PassPlan._fill(session, port, buffer, value)
-            outputs = {port: seam.zeros(value.shape, value.dtype, session.output_residency)
-                       for port, value in produced.items()}
-        return PassPlan(session, buffers, outputs)
+                shared[port] = PassPlan._fill(session, port, buffer, value)
+        return ChainSteps(session, shared, carry_0, produced, self.max_k, chain.carry_output)
+
+    def _choose(self, state: DecodeState, out: dict[str, Value]) -> tuple[int, Value | None]:
+        """Step ``out``'s draft from its last score row: the argmax, or a draw from T(row)."""
+        logits = out[self.chain.logits_output]  # [1, 1, V] draft scores
+        return choose(self.seam, state.sampler, self.seam.last_along_axis(logits,
+                                                                          logits.rank - 2))
 
     def _carry_0(self, pass_result: PassResult, num_kept: int) -> Value:
         """Row ``num_kept − 1`` of the latest pass's seed output, in the chain residency."""
@@ -177,10 +192,12 @@ class ChainedProposer:
                                self.residency)
 
     # -- bindings fixed for one proposal ---------------------------------------------------
-    def _fixed_bindings(self, state: DecodeState, step_plan: PassPlan | None) -> dict[str, Value]:
-        """The proposer's inputs other than the fused one, for this proposal; with a
-        ``step_plan`` (static caches) written into its buffers instead (the borrowed caches are
-        bound to the target's buffers themselves, the length is written in place)."""
+    def _fixed_bindings(self, state: DecodeState,
+                        into: dict[str, Value] | None = None) -> dict[str, Value]:
+        """The proposer's inputs other than the step's own, for this proposal (runtime.md
+        §9.2); with ``into`` (static caches: the buffers the step plans share) each is
+        written into its buffer instead (the borrowed caches are bound to the target's
+        buffers themselves, the length is written in place)."""
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None
         consumed = pass_result.start + num_kept  # C'
@@ -196,9 +213,8 @@ class ChainedProposer:
                 # (static caches: the target's buffer itself, no copy; C' is its length)
                 fixed[port] = self.seam.adopt(state.cells[cell], self.residency)
                 continue
-            if port == length_port and step_plan is not None:  # the drafter sees slots [0, C')
-                length = step_plan.inputs[port]
-                self.seam.write_ints(length, [consumed] * length.size)
+            if port == length_port and into is not None:  # the drafter sees slots [0, C')
+                self.seam.write_ints(into[port], [consumed] * into[port].size)
                 continue
             if port == length_port:
                 dtype = self.session.ports.inputs[port].dtype
@@ -220,23 +236,6 @@ class ChainedProposer:
                     raise ChainError(f"cannot narrow '{value_name}' for proposer port '{port}' "
                                      f"on axis {axis} ({dim}): {exc}", path=port) from exc
             fixed[port] = self.seam.adopt(value, self.residency)
-            if step_plan is not None:
-                step_plan.write(port, fixed[port])
+            if into is not None:
+                PassPlan._fill(self.session, port, into[port], fixed[port])
         return fixed
-
-    def _step_shape(self, embed_width: int, carry_width: int) -> tuple[int, ...]:
-        """The fused input's shape; load checked W_E + W_C = W_F where W_F is static."""
-        fused_width = embed_width + carry_width
-        shape = []
-        for axis, dim in enumerate(self.fused_dims):
-            if axis == len(self.fused_dims) - 1:
-                shape.append(fused_width)
-            elif axis == self.fused_request_axis or dim == self.chain.position_symbol:
-                shape.append(1)
-            elif isinstance(dim, int):
-                shape.append(dim)
-            else:
-                raise ChainError(f"axis {axis} ({dim!r}) of the fused port "
-                                 f"'{self.chain.fused_port}' has no extent speculant can derive",
-                                 value=dim)
-        return tuple(shape)

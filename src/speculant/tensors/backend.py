@@ -97,11 +97,6 @@ class Backend(Protocol):
         owned integer ``dst``, converting to its dtype."""
         ...
 
-    def gather_at(self, table: Value, ids: Value) -> Value:
-        """Rows of the [R, W] ``table`` at the ids ``ids`` [n] int32 of its residency: a new
-        owned [n, W] value (the ids never cross to the host)."""
-        ...
-
     def accept(self, drafts: Value, choices: Value) -> Value:
         """[k + 2] int32 token ids ``[a, c_1 … c_a, …]`` (tensors/acceptance.py)."""
         ...

@@ -320,15 +320,6 @@ class CudaBackend:
             flat[offset:offset + ids.size] = ids.data.reshape(-1)  # a converting copy kernel
             self._wrote(ordinal)
 
-    def gather_at(self, table: Value, ids: Value) -> Value:
-        cp = self._cp
-        ordinal = cuda_ordinal(table.residency)
-        with self._on(ordinal):
-            out = self._allocate(ordinal, (ids.size, table.shape[1]), table.data.dtype)
-            cp.take(table.data, ids.data.reshape(-1), axis=0, out=out)  # [n, W]
-            self._wrote(ordinal)
-        return Value(out, table.residency, table.dtype, owned=True)
-
     def accept(self, drafts: Value, choices: Value) -> Value:
         ordinal = cuda_ordinal(drafts.residency)
         with self._on(ordinal):

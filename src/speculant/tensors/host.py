@@ -107,10 +107,6 @@ class HostBackend:
     def write_ids(self, dst: Value, ids: Value, offset: int) -> None:
         dst.data.reshape(-1)[offset:offset + ids.size] = ids.data.reshape(-1)
 
-    def gather_at(self, table: Value, ids: Value) -> Value:
-        rows = np.take(table.data, ids.data.reshape(-1), axis=0)  # [n, W] table dtype (a copy)
-        return Value(np.asarray(rows, order="C"), HOST, table.dtype, owned=True)
-
     def accept(self, drafts: Value, choices: Value) -> Value:
         out = accept_greedy(np, drafts.data.reshape(-1), choices.data.reshape(-1))  # [k + 2]
         return Value(out, HOST, "int32", owned=True, kind="token_ids")

@@ -298,6 +298,25 @@ class TensorSeam:
                                                               offset)
         return dst
 
+    def owned_rows(self, buffer: Value, start: int, length: int, *,
+                   squeeze: bool = False) -> Value:
+        """Rows ``[start, start + length)`` of axis 0 of the owned ``buffer`` as an owned view
+        (contiguous; what is written into it lands in the buffer): the slots a pass plan binds.
+        ``squeeze``: the one row without its axis."""
+        op = "owned_rows"
+        if not buffer.owned or buffer.rank == 0:
+            raise ContractError(f"{op}: {buffer.describe()} is not an owned buffer with rows",
+                                expected="a buffer from zeros() of rank >= 1")
+        if start < 0 or length < 0 or start + length > buffer.shape[0] or (
+                squeeze and length != 1):
+            raise ContractError(
+                f"{op}: rows [{start}, {start + length}) of {buffer.describe()}"
+                f"{' (squeezed: one row)' if squeeze else ''}", value=(start, length),
+                expected=f"0 <= start, start + length <= {buffer.shape[0]}")
+        self.backend_for(op, buffer, "buffer")  # a residency the seam serves
+        data = buffer.data[start] if squeeze else buffer.data[start:start + length]
+        return Value(data, buffer.residency, buffer.dtype, owner=buffer, owned=True)
+
     def write_arange(self, dst: Value, start: int) -> Value:
         """``start + i`` into flat slot ``i`` of the owned integer ``dst`` (position ids)."""
         self._check_int_slots("write_arange", dst, 0, dst.size)
@@ -313,16 +332,6 @@ class TensorSeam:
                                 value=ids.dtype, expected="int32 or int64")
         self.backend_for("write_ids", dst, "dst").write_ids(dst, ids, offset)
         return dst
-
-    def gather_rows_at(self, table: Value, ids: Value) -> Value:
-        """Rows of the [R, W] ``table`` at the int32 ids ``ids`` [n] of its residency (an
-        argmax result): the ids never cross. They are not range-checked (that would read
-        them back): callers pass argmax results of score rows no wider than the table."""
-        if table.rank != 2 or ids.rank != 1 or ids.dtype != "int32":
-            raise ContractError(f"gather_rows_at: table {table.describe()} must be rank 2 and "
-                                f"ids {ids.describe()} [n] int32", expected="[R, W], [n] int32")
-        self._same_residency("gather_rows_at", table, ids, "table", "ids")
-        return self.backend_for("gather_rows_at", table, "table").gather_at(table, ids)
 
     def accept_greedy(self, drafts: Value, choices: Value) -> Value:
         """``[a, c_1 … c_a, …]`` [k + 2] int32 token ids from the drafts [k] and the target's

@@ -12,6 +12,7 @@ block width, `session/plan.py`) live here too, since they bind these buffers.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from speculant.errors import RequestError
 from speculant.package.plan import LoadPlan
@@ -27,7 +28,8 @@ class StaticCells(dict[str, Value]):
         super().__init__(buffers)
         self.capacity = capacity
         self.plans: dict[int, PassPlan] = {}  # block width n -> the target's plan
-        self.proposer_plan: PassPlan | None = None  # the chained drafter's step, one width
+        # the chained drafter's step plans (speculative/chain_steps.py: they bind these buffers)
+        self.chain_steps: Any = None
 
 
 CAPACITY_STEP = 128  # capacities are rounded up to a multiple of this (and to the package's)

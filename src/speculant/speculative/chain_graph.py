@@ -1,0 +1,152 @@
+"""The drafter's step graph: one chained step is one ONNX Runtime run (issue 12, item 4).
+
+runtime.md §9.4 builds each step's fused input with two seam operations (gather the scaled
+row of the last token, scatter it and the carry into the fused buffer) and reduces the
+step's scores with a third (argmax). At load the proposer's graph is rewritten, once, so
+that the same three happen inside it:
+
+    row   = Gather(TABLE, TOKEN)                             # [1, W_E]: the scaled row
+    fused = Concat(Expand(row), Expand(CARRY), axis=-1)      # the fused port's value
+    ...   the proposer's graph, unchanged ...
+    NEXT  = Cast(ArgMax(last row of logits), int32)          # [1] int32: the step's draft
+
+``TABLE`` is bound to the chain's scaled table (read and scaled once per runtime, adopted
+once: the same bytes the seam's gather reads), ``TOKEN`` is the id the step predicts the
+successor of, ``CARRY`` the previous step's carry. The fused input thus holds exactly the
+bytes §9.4 writes, so every logit is the one the seam's loop would give. A step's outputs
+are the next step's inputs, so on static caches the chain binds step ``j``'s ``NEXT`` and
+carry to the buffers step ``j + 1`` reads (``chain_steps.py``) and a step is one run — on
+CUDA one graph replay, with no kernel launched between steps.
+
+ArgMax is ONNX Runtime's: on ties it takes the first index, as ``argmax_rows`` does; a NaN
+row may pick another id than runtime.md §7's rule. A draft only decides what is verified,
+never what is committed, so that changes acceptance at most, never the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
+
+from speculant.errors import ChainError
+from speculant.package.model import Ports, TensorContract
+from speculant.package.package import Package
+from speculant.package.plan import ChainPlan
+
+TABLE = "speculant.chain.table"  # [V_E, W_E] currency: the scaled table
+TOKEN = "speculant.chain.token"  # [1] int32: the token whose successor the step predicts
+CARRY = "speculant.chain.carry"  # [1, ..., 1, W_C] currency: the carry the step is fed
+NEXT = "speculant.chain.next_token"  # [1] int32: argmax of the step's last score row
+
+_PREFIX = "speculant.chain."
+
+
+@dataclass(frozen=True)
+class StepComponent:
+    """What the proposer's session is made from: the step graph and its ports."""
+
+    source: bytes  # the serialized step graph
+    ports: Ports  # the proposer's ports, the fused input replaced by TABLE, TOKEN, CARRY
+
+
+def step_component(package: Package) -> StepComponent:
+    """The proposer's step graph (see the module)."""
+    name, chain = package.plan.proposer, package.plan.chain
+    assert name is not None and chain is not None
+    model = onnx.ModelProto()
+    model.CopyFrom(package.graphs[name])
+    if any(external_data_helper.uses_external_data(t) for t in model.graph.initializer):
+        external_data_helper.load_external_data_for_model(
+            model, str(package.artifacts[name].parent))  # confined at load (A1)
+    table = table_initializer(package, chain)
+    ports = package.document.workflow.components[name].ports
+    assert ports is not None
+    step_shape = (*step_prefix(ports.inputs[chain.fused_port], chain), chain.fused_width)
+    _rewrite(model.graph, chain, step_shape, table, ports)
+    inputs = {port: c for port, c in ports.inputs.items() if port != chain.fused_port}
+    rank = len(step_shape)
+    currency = chain.currency
+    inputs[TABLE] = TensorContract(dtype=currency, rank=2, shape=list(table.dims))
+    inputs[TOKEN] = TensorContract(dtype="int32", rank=1, shape=[1])
+    inputs[CARRY] = TensorContract(dtype=currency, rank=rank,
+                                   shape=[*step_shape[:-1], chain.carry_width])
+    outputs = {**ports.outputs, NEXT: TensorContract(dtype="int32", rank=1, shape=[1])}
+    return StepComponent(model.SerializeToString(),
+                         Ports(inputs=inputs, outputs=outputs, roles=dict(ports.roles)))
+
+
+def step_prefix(fused: TensorContract, chain: ChainPlan) -> tuple[int, ...]:
+    """The fused input's extents but the last, for one step: the request axis and σ are 1,
+    a static extent is itself; an axis speculant cannot derive is a ChainError."""
+    prefix = []
+    for axis, dim in enumerate(fused.dims[:-1]):
+        if axis == fused.batch_layout.axis or dim == chain.position_symbol:
+            prefix.append(1)
+        elif isinstance(dim, int):
+            prefix.append(dim)
+        else:
+            raise ChainError(f"axis {axis} ({dim!r}) of the fused port '{chain.fused_port}' has "
+                             "no extent speculant can derive", value=dim,
+                             path="speculative.proposal_execution.token_embedding_input")
+    return tuple(prefix)
+
+
+def table_initializer(package: Package, chain: ChainPlan) -> TensorProto:
+    """The target's initializer holding the token embeddings (load admitted it: A6)."""
+    graph = package.graphs[package.plan.target].graph
+    return next(i for i in graph.initializer if i.name == chain.table)
+
+
+def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ...],
+             table: TensorProto, ports: Ports) -> None:
+    fused = next(i for i in graph.input if i.name == chain.fused_port)
+    elem_type = fused.type.tensor_type.elem_type
+    graph.input.remove(fused)
+    rank = len(step_shape)
+    prefix = list(step_shape[:-1])
+    graph.input.extend([
+        helper.make_tensor_value_info(TABLE, elem_type, list(table.dims)),
+        helper.make_tensor_value_info(TOKEN, TensorProto.INT32, [1]),
+        helper.make_tensor_value_info(CARRY, elem_type, [*prefix, chain.carry_width]),
+    ])
+    logits_rank = _rank_of(graph, chain.logits_output, ports)
+    constants = {
+        "row_shape": [1] * (rank - 1) + [table.dims[1]],  # [1, ..., 1, W_E]
+        "prefix_shape": [*prefix, 1],  # Expand's shape: broadcast to the step shape
+        "last_row": -1,
+    }
+    graph.initializer.extend(
+        numpy_helper.from_array(_int64(value), _PREFIX + key) for key, value in constants.items())
+    n = _PREFIX
+    graph.node.insert(0, helper.make_node("Gather", [TABLE, TOKEN], [n + "row"], axis=0))
+    graph.node.insert(1, helper.make_node("Reshape", [n + "row", n + "row_shape"],
+                                          [n + "row_r"]))
+    graph.node.insert(2, helper.make_node("Expand", [n + "row_r", n + "prefix_shape"],
+                                          [n + "row_e"]))
+    graph.node.insert(3, helper.make_node("Expand", [CARRY, n + "prefix_shape"],
+                                          [n + "carry_e"]))
+    graph.node.insert(4, helper.make_node("Concat", [n + "row_e", n + "carry_e"],
+                                          [chain.fused_port], axis=-1))
+    graph.node.extend([
+        helper.make_node("Flatten", [chain.logits_output], [n + "rows"], axis=logits_rank - 1),
+        helper.make_node("Gather", [n + "rows", n + "last_row"], [n + "scores"], axis=0),
+        helper.make_node("ArgMax", [n + "scores"], [n + "next64"], axis=0, keepdims=1),
+        helper.make_node("Cast", [n + "next64"], [NEXT], to=TensorProto.INT32),
+    ])
+    graph.output.append(helper.make_tensor_value_info(NEXT, TensorProto.INT32, [1]))
+
+
+def _rank_of(graph: onnx.GraphProto, output: str, ports: Ports) -> int:
+    """The rank of the logits output: its port contract's (load checked it)."""
+    contract = ports.outputs.get(output)
+    if contract is not None:
+        return contract.rank
+    declared = next(o for o in graph.output if o.name == output)
+    return len(declared.type.tensor_type.shape.dim)
+
+
+def _int64(value: object) -> np.ndarray:
+    return np.asarray(value, dtype=np.int64)

@@ -1,0 +1,70 @@
+"""The chained drafter's steps on static caches: one pass plan per step index, bound so that
+each step reads what the step before it wrote (``chain_graph.py``: a step is one run).
+
+Made once per static buffer set (so once per engine and capacity, like the target's plans),
+after one checked run of the step graph::
+
+    ids      [K + 2] int32        ids[0] = s, ids[1] = p, ids[j + 1] = step j's draft (j >= 1)
+    carries  [K + 2, *carry]      carries[0] = carry_0, carries[j + 1] = step j's carry
+    plan j   TOKEN <- ids[j], CARRY <- carries[j]; NEXT -> ids[j + 1] (step 0: a scratch
+             slot: its prediction is p, known already), carry -> carries[j + 1],
+             logits -> one score buffer; every other input: one buffer all steps share
+             (positions and length written once per proposal, the borrowed caches the
+             target's buffers themselves, the table the chain's)
+
+``K`` is the package's bound on k. A proposal writes ``ids[0:2]``, ``carries[0]`` and the
+shared inputs, then runs plans ``0 … k``; its drafts are ``ids[2 : k + 2]``, where they were
+made. On CUDA each plan is a CUDA graph of its own (``K + 1`` per capacity).
+"""
+
+from __future__ import annotations
+
+from speculant.session.plan import PassPlan
+from speculant.session.session import ComponentSession
+from speculant.speculative.chain_graph import CARRY, NEXT, TOKEN
+from speculant.tensors import Value
+
+
+class ChainSteps:
+    """Step plans ``0 … K`` and the buffers they bind (see the module)."""
+
+    def __init__(self, session: ComponentSession, shared: dict[str, Value], carry: Value,
+                 produced: dict[str, Value], max_k: int, carry_output: str) -> None:
+        """``shared``: port -> the buffer every step binds; ``carry``, ``produced``: a step's
+        carry input and outputs as the checked run gave them (their shapes and dtypes)."""
+        seam = session.seam
+        self.session, self.shared, self.max_k = session, shared, max_k
+        self.carry_output = carry_output
+        where = session.output_residency  # the chain residency: where step outputs land
+        with seam.write_batch():
+            self.ids = seam.zeros((max_k + 2,), "int32", where)  # [K + 2] int32
+            self.scratch = seam.zeros((1,), "int32", where)  # step 0's discarded prediction
+            self.carries = seam.zeros((max_k + 2, *carry.shape), carry.dtype, where)
+            self.outputs = {port: seam.zeros(value.shape, value.dtype, where)
+                            for port, value in produced.items()
+                            if port not in (NEXT, carry_output)}
+        self.plans: list[PassPlan] = []
+
+    def plan(self, j: int) -> PassPlan:
+        """Step ``j``'s plan, made on first use."""
+        while len(self.plans) <= j:
+            i = len(self.plans)
+            self.plans.append(PassPlan(self.session, self.step_inputs(i), self.step_outputs(i)))
+        return self.plans[j]
+
+    def step_inputs(self, j: int) -> dict[str, Value]:
+        """What step ``j`` reads: the shared inputs, ``ids[j]`` and ``carries[j]``."""
+        rows = self.session.seam.owned_rows
+        return {**self.shared, TOKEN: rows(self.ids, j, 1),
+                CARRY: rows(self.carries, j, 1, squeeze=True)}
+
+    def step_outputs(self, j: int) -> dict[str, Value]:
+        """Where step ``j`` writes: ``ids[j + 1]`` (step 0: the scratch slot),
+        ``carries[j + 1]``, the shared score buffer."""
+        rows = self.session.seam.owned_rows
+        return {**self.outputs, NEXT: rows(self.ids, j + 1, 1) if j else self.scratch,
+                self.carry_output: rows(self.carries, j + 1, 1, squeeze=True)}
+
+    def drafts(self, k: int) -> Value:
+        """``ids[2 : k + 2]``: the drafts of the last proposal at width ``k`` [k] int32."""
+        return self.session.seam.owned_rows(self.ids, 2, k)
