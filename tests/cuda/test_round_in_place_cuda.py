@@ -97,3 +97,43 @@ def test_live_allocations_and_free_memory_stay_flat_over_1000_rounds(demo_static
         assert now == live, (rounds, now, live)
     free_after, _ = cupy.cuda.runtime.memGetInfo()
     assert abs(free_before - free_after) < 64 * 2**20, (free_before, free_after)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_accept_kernel_is_the_host_rule(seed):
+    """cuda_kernels.accept_greedy (one launch) == tensors/acceptance.py over numpy, element
+    for element, on drafts that match their choices for a random prefix."""
+    import numpy as np
+
+    from speculant.tensors import Value, make_seam
+    from speculant.tensors.acceptance import accept_greedy
+
+    seam = make_seam("cuda")
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 17))
+    choices = rng.integers(0, 5, size=k + 1).astype(np.int32)
+    drafts = np.where(rng.random(k) < 0.75, choices[:k], rng.integers(0, 5, size=k))
+    drafts = drafts.astype(np.int32)
+    on_device = [seam.adopt(Value.host(a, "int32"), "cuda:0") for a in (drafts, choices)]
+    got = seam.read_token_ids(seam.accept_greedy(*on_device))
+    assert got == accept_greedy(np, drafts, choices).tolist()
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_the_small_writes_match_the_host(dtype):
+    """write_ints (values as kernel arguments, four per launch) and write_arange (one kernel)
+    write what the host backend writes, at every offset and count."""
+
+    from speculant.tensors import make_seam
+
+    seam, host = make_seam("cuda"), make_seam("cpu")
+    for size, values, offset in ((1, [7], 0), (9, [3, -2, 5, 2**40 if dtype == "int64" else 9,
+                                                   11, 12], 2), (12, [4] * 12, 0)):
+        device_buffer, host_buffer = (s.zeros((size,), dtype, r) for s, r in
+                                      ((seam, "cuda:0"), (host, "host")))
+        seam.write_ints(device_buffer, values, offset)
+        host.write_ints(host_buffer, values, offset)
+        assert seam.adopt(device_buffer, "host").data.tolist() == host_buffer.data.tolist()
+        seam.write_arange(device_buffer, 1000)
+        host.write_arange(host_buffer, 1000)
+        assert seam.adopt(device_buffer, "host").data.tolist() == host_buffer.data.tolist()

@@ -68,6 +68,47 @@ def test_a_fixed_proposal_cost_is_paid_once_per_round():
     assert best_k([0.7] * 8, proposing(4.0), verify) == 2
 
 
+def test_the_rounds_own_time_is_paid_at_every_width_and_widens_k():
+    """p = 0.6, t_propose(k) = 0.3 k, t_verify(n) = 1 + 0.05 n: rates 0.952, 1.143, 1.120 at
+    k = 0, 1, 2 -> k = 1; with 1.5 more per round (acceptance, read-back, commit): 0.392,
+    0.552, 0.603, 0.604, 0.584 -> k = 3. Leaving that time out picks too short a width."""
+    verify = [1.0 + 0.05 * n for n in range(1, 10)]
+    assert best_k([0.6] * 8, proposing(0.3), verify) == 1
+    assert best_k([0.6] * 8, proposing(0.3), verify, 1.5) == 3
+
+
+def test_the_round_time_is_measured_between_proposals_less_propose_and_verify():
+    """The controller's clock: from one proposal to the next, less the proposal and the
+    target passes the observer timed in between; a stall (a consumer's pause) is left out."""
+    costs = WidthCosts()
+    costs.observe_round(0.002)
+    assert costs.round_seconds == 0.002
+    costs.observe_round(0.004)
+    assert costs.round_seconds == pytest.approx(0.7 * 0.002 + 0.3 * 0.004)
+    before = costs.round_seconds
+    costs.observe_round(5.0)  # a paused consumer: not the round's cost
+    costs.observe_round(-0.001)  # a clock that ran backwards: nothing
+    assert costs.round_seconds == before
+
+
+def test_auto_measures_the_round_time_of_a_real_decode(engines):
+    engine, _ = engines
+    costs = engine.proposer_sources.costs
+    costs.round_seconds = 0.0
+    engine.generate(encode("def fib(n):\n    return "), 24, proposer="chained", k="auto",
+                    stop_on_eos=False)
+    assert 0.0 < costs.round_seconds < 0.25
+
+
+def test_a_preempted_run_counts_as_twice_the_estimate_at_most():
+    table = WidthTable()
+    table.observe(1, 1.0)
+    table.observe(1, 10.0)  # a spike (the host preempted the run): clipped to 2.0
+    assert table.seconds[1] == pytest.approx(0.7 * 1.0 + 0.3 * 2.0)
+    table.observe(1, 1.5)  # an ordinary rise moves it as it is
+    assert table.seconds[1] == pytest.approx(0.7 * 1.3 + 0.3 * 1.5)
+
+
 def test_ties_go_to_the_smaller_k():
     assert best_k([0.0] * 4, proposing(0.0, 4), [1.0] * 5) == 0
 

@@ -16,10 +16,19 @@ default k, within its bound), with the measured
 each a moving average per width (:class:`WidthTable`; a width not measured yet is read off
 the least-squares line through the measured widths, never below the cheapest measured, their
 mean where the line falls, flat while one width is measured; :data:`UNMEASURED_SECONDS` for a
-verify and 0 for a proposal while none is), the round runs at the ``k`` that maximizes the
-expected committed tokens per second
+verify and 0 for a proposal while none is); and
 
-    rate(k) = E[a | k] / (t_propose(k) + t_verify(k + 1)),   E[a | k] = 1 + Σ_{j≤k} Π_{i≤j} p_i
+* ``t_round``: the seconds a round spends outside both (acceptance, read-back, rollback,
+  commit, the bookkeeping: the wall clock from one proposal to the next, less the proposal
+  and the verify pass between them; a moving average, 0 until measured, an interval over
+  :data:`STALL_SECONDS` not counted: a consumer that paused). It is paid once per round
+  whatever the width — on the H200 it was larger than the verify pass itself — so leaving it
+  out makes short widths look cheaper than they are;
+
+the round runs at the ``k`` that maximizes the expected committed tokens per second
+
+    rate(k) = E[a | k] / (t_propose(k) + t_verify(k + 1) + t_round),
+    E[a | k] = 1 + Σ_{j≤k} Π_{i≤j} p_i
 
 (``a``: tokens committed by the round, the correction or bonus included; ties go to the
 smaller k). ``k = 0`` is a greedy step (drafting does not pay); after :data:`PROBE_EVERY`
@@ -49,9 +58,11 @@ from speculant.workflow.state import DecodeState
 
 AUTO = "auto"
 SMOOTHING = 0.3  # weight of one new observation in every moving average
+SPIKE = 2.0  # a time over this multiple of its estimate is clipped to it
 PRIOR_ACCEPTANCE = 0.6  # p_i before any round reached position i
 UNMEASURED_SECONDS = 1.0  # t_verify while no pass was measured (flat: widths look free)
 PROBE_EVERY = 8  # greedy steps in a row before one draft is proposed again
+STALL_SECONDS = 0.25  # a round's outside time above this is a consumer's pause: not counted
 
 
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
@@ -64,13 +75,14 @@ def expected_tokens(acceptance: Sequence[float], k: int) -> float:
 
 
 def best_k(acceptance: Sequence[float], propose_seconds: Sequence[float],
-           verify_seconds: Sequence[float]) -> int:
+           verify_seconds: Sequence[float], round_seconds: float = 0.0) -> int:
     """The width in ``0 … len(acceptance)`` with the most expected tokens per second;
     ``propose_seconds[k]`` proposes ``k`` drafts, ``verify_seconds[n - 1]`` is a pass over
-    ``n`` tokens (``len(acceptance) + 1`` entries each)."""
+    ``n`` tokens (``len(acceptance) + 1`` entries each), ``round_seconds`` the rest of a
+    round, paid at every width."""
     best, best_rate = 0, -1.0
     for k in range(len(acceptance) + 1):
-        seconds = (propose_seconds[k] if k else 0.0) + verify_seconds[k]
+        seconds = (propose_seconds[k] if k else 0.0) + verify_seconds[k] + round_seconds
         rate = expected_tokens(acceptance, k) / seconds if seconds > 0 else float("inf")
         if rate > best_rate:
             best, best_rate = k, rate
@@ -81,6 +93,12 @@ def _moving(old: float | None, new: float) -> float:
     return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
 
 
+def _moving_time(old: float | None, seconds: float) -> float:
+    """:func:`_moving` for a time; one above :data:`SPIKE` × the estimate counts as that
+    much (a run preempted on a shared host must not steer the next rounds)."""
+    return _moving(old, seconds if old is None or old <= 0 else min(seconds, SPIKE * old))
+
+
 @dataclass
 class WidthTable:
     """Measured seconds by width (moving averages), and the widths not measured yet."""
@@ -88,7 +106,7 @@ class WidthTable:
     seconds: dict[int, float] = field(default_factory=dict)
 
     def observe(self, width: int, seconds: float) -> None:
-        self.seconds[width] = _moving(self.seconds.get(width), seconds)
+        self.seconds[width] = _moving_time(self.seconds.get(width), seconds)
 
     def at(self, widths: range, unmeasured: float) -> list[float]:
         """Seconds at each of ``widths``: measured, else the fitted line (see the module)."""
@@ -112,6 +130,12 @@ class WidthCosts:
 
     verify: WidthTable = field(default_factory=WidthTable)  # n tokens -> seconds of a pass
     propose: dict[str, WidthTable] = field(default_factory=dict)  # kind -> k -> seconds
+    round_seconds: float = 0.0  # t_round: a round's time outside its proposal and verify
+    verify_total: float = 0.0  # seconds of every observed target pass, summed
+
+    def observe_round(self, seconds: float) -> None:
+        if 0.0 <= seconds <= STALL_SECONDS:
+            self.round_seconds = _moving_time(self.round_seconds or None, seconds)
 
     def verify_seconds(self, max_width: int) -> list[float]:
         """``t_verify(n)`` for ``n = 1 … max_width``."""
@@ -132,6 +156,7 @@ class WidthCosts:
 
         def observe(call: Invocation) -> None:
             value = call.inputs.get(token_port) if token_port is not None else None
+            self.verify_total += call.seconds
             if value is not None and value.rank and 0 < value.shape[-1] <= max_width:
                 self.verify.observe(int(value.shape[-1]), call.seconds)
 
@@ -160,7 +185,7 @@ class WidthController:
 
     def choose(self, costs: WidthCosts, kind: str) -> int:
         k = best_k(self.acceptance, costs.propose_seconds(kind, self.max_k),
-                   costs.verify_seconds(self.max_k + 1))
+                   costs.verify_seconds(self.max_k + 1), costs.round_seconds)
         if k == 0 and self.num_greedy_in_a_row >= PROBE_EVERY:
             k = 1  # a probe: keep the acceptance measured
         self.num_greedy_in_a_row = self.num_greedy_in_a_row + 1 if k == 0 else 0
@@ -177,18 +202,26 @@ class AutoWidthProposer:
         self.inner, self.kind, self.controller, self.costs = inner, kind, controller, costs
         self._num_rounds_seen = 0
         self.chosen: list[int] = []  # the width asked of the proposer, per proposal
+        self._last: tuple[float, float, float] | None = None  # the last proposal's clocks
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
+        now = time.perf_counter()
+        if self._last is not None:  # the last round's time outside its proposal and verify
+            started, proposing, verified = self._last
+            self.costs.observe_round(now - started - proposing -
+                                     (self.costs.verify_total - verified))
         trace = state.stats.trace
         for round_k, num_accepted in trace[self._num_rounds_seen:]:
             self.controller.observe(round_k, num_accepted)
         self._num_rounds_seen = len(trace)
         width = min(k, self.controller.choose(self.costs, self.kind))
         self.chosen.append(width)
-        if width == 0:
-            return Proposal()  # drafting does not pay now: a greedy step
+        proposal = Proposal()  # width 0: drafting does not pay now, a greedy step
         started = time.perf_counter()
-        proposal = self.inner.propose(state, width)
+        if width:
+            proposal = self.inner.propose(state, width)
+        proposing = time.perf_counter() - started
         if proposal.k:
-            self.costs.observe_proposal(self.kind, proposal.k, time.perf_counter() - started)
+            self.costs.observe_proposal(self.kind, proposal.k, proposing)
+        self._last = (now, proposing + (started - now), self.costs.verify_total)
         return proposal

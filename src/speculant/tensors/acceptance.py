@@ -1,6 +1,8 @@
 """Greedy acceptance where the scores are (issue 12 item 4): the round's drafts and the
 target's choices are compared on their residency, so that the host reads back only the
-committed ids and their count, once per round. The same code runs over numpy and CuPy.
+committed ids and their count, once per round. The host runs this rule over numpy; the CUDA
+backend runs it as one kernel (``cuda_kernels.accept_greedy``), tested element for element
+against it.
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ def accept_greedy(xp: Any, drafts: Any, choices: Any) -> Any:
     """
     k = drafts.shape[0]
     matches = (drafts == choices[:k]).astype(xp.int32)  # [k] 1 where d_j is the target's choice
-    num_matching = xp.cumprod(matches).sum()  # [] int: leading matches, a − 1
-    slots = xp.arange(k + 1)  # [k + 1]
-    drafts_then_bonus = xp.concatenate([drafts, choices[k:]])  # [k + 1]
-    committed = xp.where(slots < num_matching, drafts_then_bonus, choices)  # [k + 1]
-    count = (num_matching + 1).reshape(1)  # [1]: a
-    return xp.concatenate([count.astype(xp.int32), committed.astype(xp.int32)])  # [k + 2]
+    count = (xp.cumprod(matches).sum() + 1).reshape(1)  # [1]: a (a − 1 leading matches)
+    # a leading accepted draft equals the choice it was compared with: the committed ids
+    # d_1 … d_{a−1}, choices[a − 1] are choices[0 … a − 1]
+    return xp.concatenate([count.astype(xp.int32), choices.astype(xp.int32)])  # [k + 2]

@@ -50,9 +50,13 @@ import numpy as np
 
 from speculant.errors import ContractError, ResidencyError
 from speculant.tensors import sampling as sampling_math
-from speculant.tensors.acceptance import accept_greedy
 from speculant.tensors.backend import INSTALL_CUDA, ResidencyCounters
-from speculant.tensors.cuda_kernels import ARGMAX_THREADS, first_argmax_rows
+from speculant.tensors.cuda_kernels import (
+    ARGMAX_THREADS,
+    accept_greedy_kernel,
+    first_argmax_rows,
+    write_ints_kernel,
+)
 from speculant.tensors.sampling import Sampling, widen_bfloat16
 from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
 
@@ -300,17 +304,25 @@ class CudaBackend:
     def write_ints(self, dst: Value, values: Sequence[int], offset: int) -> None:
         ordinal = cuda_ordinal(dst.residency)
         with self._on(ordinal):
-            flat = dst.data.reshape(-1)  # [n] view of dst
-            for i, value in enumerate(values):  # a fill kernel each (memset for 0)
-                flat[offset + i:offset + i + 1].fill(value)
+            flat = dst.data.reshape(-1)  # [n] view of dst (int32 or int64: the seam checked)
+            if len(set(values)) == 1 and len(values) > 4:
+                flat[offset:offset + len(values)].fill(values[0])  # one fill kernel
+            else:  # the values as kernel arguments: one launch per four
+                kernel = write_ints_kernel(self._cp, dst.dtype, "write_ints")
+                for at in range(0, len(values), 4):
+                    chunk = [*values[at:at + 4], 0, 0, 0, 0][:4]
+                    kernel((1,), (1,), (flat, np.int32(offset + at),
+                                        np.int32(min(4, len(values) - at)),
+                                        *(np.int64(v) for v in chunk)))
             self._wrote(ordinal)
 
     def write_arange(self, dst: Value, start: int) -> None:
-        cp = self._cp
         ordinal = cuda_ordinal(dst.residency)
         with self._on(ordinal):
-            flat = dst.data.reshape(-1)  # [n] view of dst
-            flat[...] = cp.arange(start, start + flat.size, dtype=flat.dtype)  # a kernel
+            flat = dst.data.reshape(-1)  # [n] view of dst (int32 or int64)
+            blocks = min(-(-flat.size // 128), 64)  # one kernel, no temporary
+            write_ints_kernel(self._cp, dst.dtype, "write_arange")(
+                (blocks,), (128,), (flat, np.int32(flat.size), np.int64(start)))
             self._wrote(ordinal)
 
     def write_ids(self, dst: Value, ids: Value, offset: int) -> None:
@@ -322,27 +334,34 @@ class CudaBackend:
 
     def accept(self, drafts: Value, choices: Value) -> Value:
         ordinal = cuda_ordinal(drafts.residency)
-        with self._on(ordinal):
-            result = accept_greedy(self._cp, drafts.data.reshape(-1), choices.data.reshape(-1))
-            out = self._owned(ordinal, result, np.dtype(np.int32))  # [k + 2] int32
+        k = drafts.size
+        with self._on(ordinal):  # tensors/acceptance.py's rule as one kernel launch
+            out = self._allocate(ordinal, (k + 2,), np.dtype(np.int32))  # [k + 2] int32
+            accept_greedy_kernel(self._cp)((1,), (1,), (
+                self._cp.ascontiguousarray(drafts.data.reshape(-1)),
+                self._cp.ascontiguousarray(choices.data.reshape(-1)), np.int32(k), out))
         return Value(out, drafts.residency, "int32", owned=True, kind="token_ids")
 
     def argmax(self, x: Value) -> Value:
         """The host's argmax (each row's first maximum, NaN never wins, all-NaN -> 0) as one
-        kernel over float32 rows (cuda_kernels.first_argmax_rows); float16 and bfloat16 are
-        widened exactly first."""
+        kernel (cuda_kernels.first_argmax_rows) over float32 or float16 rows (a half widened
+        exactly as it is read); bfloat16 is widened exactly first."""
         cp = self._cp
         ordinal = cuda_ordinal(x.residency)
         width = x.shape[-1]
         with self._on(ordinal):
             rows = x.data.reshape(-1, width)  # [R, V] storage dtype
+            score_type = "float"
             if x.dtype == "bfloat16":
                 wide = widen_bfloat16(cp, rows)  # [R, V] float32, a new contiguous array
+            elif x.dtype == "float16":  # its bits, widened as the kernel reads them
+                wide = cp.ascontiguousarray(rows).view(cp.uint16)  # [R, V] float16 bits
+                score_type = "unsigned short"
             else:
                 wide = cp.ascontiguousarray(rows.astype(cp.float32, copy=False))  # [R, V]
             out = self._allocate(ordinal, (rows.shape[0],), np.dtype(np.int32))  # [R] int32
-            first_argmax_rows(cp)((rows.shape[0],), (ARGMAX_THREADS,),
-                                  (wide, np.int32(rows.shape[0]), np.int32(width), out))
+            first_argmax_rows(cp, score_type)((rows.shape[0],), (ARGMAX_THREADS,), (
+                wide, np.int32(rows.shape[0]), np.int32(width), out))
         return Value(out, x.residency, "int32", owned=True, kind="token_ids")
 
     # -- sampling: tensors/sampling.py over CuPy, as the host runs it over numpy; the

@@ -15,15 +15,23 @@ ARGMAX_THREADS = 256  # threads per row (one block per row)
 # wins, a row without a non-NaN element yields 0. Each thread scans a strided slice in
 # increasing index order (strict '>' keeps the first of equal values), then the block reduces
 # the (value, index) pairs preferring the larger value, then the smaller index.
+# ``SCORE`` is float, or unsigned short holding float16 bits that ``load`` widens exactly as
+# it reads them (PTX cvt.f32.f16: no widened copy, no header).
 _FIRST_ARGMAX_SOURCE = r"""
-extern "C" __global__ void first_argmax_rows(const float* scores, const int rows,
+__device__ __forceinline__ float load(const float x) { return x; }
+__device__ __forceinline__ float load(const unsigned short bits) {
+    float x;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(bits));
+    return x;
+}
+extern "C" __global__ void first_argmax_rows(const SCORE* scores, const int rows,
                                              const int width, int* out) {
     const int row = blockIdx.x;
-    const float* r = scores + (long long)row * width;
+    const SCORE* r = scores + (long long)row * width;
     float best = 0.0f;
     int best_i = width;  // width: no non-NaN element seen
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        const float v = r[i];
+        const float v = load(r[i]);
         if (isnan(v)) continue;
         if (best_i == width || v > best) { best = v; best_i = i; }
     }
@@ -50,13 +58,61 @@ extern "C" __global__ void first_argmax_rows(const float* scores, const int rows
 }
 """.replace("THREADS", str(ARGMAX_THREADS))
 
+# Greedy acceptance (tensors/acceptance.py) in one thread: ``a - 1`` leading drafts equal to
+# the choice before them, then ``[a, choices...]`` (the committed ids are the choices: a
+# leading accepted draft equals the choice it is compared with).
+_ACCEPT_SOURCE = r"""
+extern "C" __global__ void accept_greedy(const int* drafts, const int* choices, const int k,
+                                         int* out) {
+    int matching = 0;
+    while (matching < k && drafts[matching] == choices[matching]) ++matching;
+    out[0] = matching + 1;
+    for (int i = 0; i <= k; ++i) out[1 + i] = choices[i];
+}
+"""
+
+# A pass's small integer inputs written from kernel arguments (no upload, no temporary):
+# up to four values at ``offset``, or ``start + i`` into every slot. ``INT`` is the buffer's
+# integer type (int or long long).
+_WRITE_INTS_SOURCE = r"""
+extern "C" __global__ void write_ints(INT* dst, const int offset, const int count,
+                                      const long long v0, const long long v1,
+                                      const long long v2, const long long v3) {
+    const long long values[4] = {v0, v1, v2, v3};
+    for (int i = 0; i < count; ++i) dst[offset + i] = (INT)values[i];
+}
+extern "C" __global__ void write_arange(INT* dst, const int size, const long long start) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < size; i += blockDim.x * gridDim.x)
+        dst[i] = (INT)(start + i);
+}
+"""
+INT_TYPES = {"int32": "int", "int64": "long long"}
+
 _KERNELS: dict[str, Any] = {}
 
 
-def first_argmax_rows(cupy: Any) -> Any:
-    """The compiled ``first_argmax_rows`` kernel (grid: rows, block: ARGMAX_THREADS)."""
-    kernel = _KERNELS.get("first_argmax_rows")
+def _kernel(cupy: Any, key: str, source: str, name: str) -> Any:
+    kernel = _KERNELS.get(key)
     if kernel is None:
-        kernel = _KERNELS.setdefault("first_argmax_rows", cupy.RawKernel(
-            _FIRST_ARGMAX_SOURCE, "first_argmax_rows"))
+        kernel = _KERNELS.setdefault(key, cupy.RawKernel(source, name))
     return kernel
+
+
+def first_argmax_rows(cupy: Any, score_type: str = "float") -> Any:
+    """The compiled ``first_argmax_rows`` kernel over ``score_type`` rows (``float``, or
+    ``unsigned short``: float16 bits; grid: rows, block: ARGMAX_THREADS)."""
+    return _kernel(cupy, f"first_argmax_rows:{score_type}",
+                   _FIRST_ARGMAX_SOURCE.replace("SCORE", score_type), "first_argmax_rows")
+
+
+def accept_greedy_kernel(cupy: Any) -> Any:
+    """The compiled ``accept_greedy`` kernel (grid 1, block 1; drafts [k], choices [k + 1]
+    int32, out [k + 2] int32)."""
+    return _kernel(cupy, "accept_greedy", _ACCEPT_SOURCE, "accept_greedy")
+
+
+def write_ints_kernel(cupy: Any, dtype: str, name: str) -> Any:
+    """``write_ints`` or ``write_arange`` over an ``int32`` or ``int64`` buffer (grid 1,
+    block 1 for ``write_ints``; any launch for ``write_arange``)."""
+    return _kernel(cupy, f"{name}:{dtype}",
+                   _WRITE_INTS_SOURCE.replace("INT", INT_TYPES[dtype]), name)
