@@ -149,6 +149,23 @@ def test_the_controller_widens_as_drafts_are_accepted_narrows_as_they_fail_and_p
     assert chosen == [0] * PROBE_EVERY + [1, 0]  # greedy steps, then one probe of one draft
 
 
+def test_a_full_accept_sends_the_next_round_one_position_further():
+    """Costs that make k = 1 the rule's choice (a second draft is dear, p_2 at its prior);
+    after a round that accepted its one draft the next round drafts two, so p_2 is
+    measured; after a rejection the rule decides again."""
+    costs = WidthCosts(WidthTable({1: 0.010, 2: 0.012, 3: 0.014}),
+                       {"chained": WidthTable({1: 0.001, 2: 0.006, 3: 0.011})})
+    controller = WidthController(3, acceptance=[0.9, 0.3, 0.3])
+    assert controller.choose(costs, "chained") == 1
+    controller.observe(1, 2)  # the draft accepted: a full accept at width 1
+    assert controller.choose(costs, "chained") == 2
+    controller.observe(2, 2)  # the second draft rejected: p_2 measured lower still
+    assert controller.acceptance[1] < 0.3
+    assert controller.choose(costs, "chained") == 1
+    controller.observe(3, 4)  # a full accept at the bound stays at the bound
+    assert controller.reach == 3
+
+
 def test_the_verify_observer_times_passes_by_their_token_width():
     costs = WidthCosts()
     observe = costs.verify_observer({"input_ids": "token_ids"}, max_width=8)

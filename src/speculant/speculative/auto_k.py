@@ -32,8 +32,10 @@ the round runs at the ``k`` that maximizes the expected committed tokens per sec
 
 (``a``: tokens committed by the round, the correction or bonus included; ties go to the
 smaller k). ``k = 0`` is a greedy step (drafting does not pay); after :data:`PROBE_EVERY`
-greedy steps in a row the controller proposes one draft again, so the acceptance it reads
-stays measured. :func:`best_k` is that rule as a pure function of its numbers: deterministic
+greedy steps in a row the controller proposes one draft again, and after a round that
+accepted every draft the next goes one position further (at most the bound), so the
+acceptance it reads stays measured: a position the rule never reaches is never observed, and
+its prior alone had kept SmolLM2's chain at k = 1 for whole requests. :func:`best_k` is that rule as a pure function of its numbers: deterministic
 given them. The round is still exact: the controller changes only the width, and every width
 is verified by the target (greedy output stays bit for bit greedy; sampling stays distributed
 as the target's, though with measured costs the draws depend on the widths chosen: fix ``k``
@@ -170,6 +172,7 @@ class WidthController:
     max_k: int
     acceptance: list[float] = field(default_factory=list)
     num_greedy_in_a_row: int = 0
+    reach: int = 0  # after a full accept at width k: k + 1, the next round's least width
 
     def __post_init__(self) -> None:
         if not self.acceptance:
@@ -182,12 +185,14 @@ class WidthController:
         for i in range(min(k, num_accepted, self.max_k)):
             is_accepted = i < num_accepted - 1
             self.acceptance[i] = _moving(self.acceptance[i], 1.0 if is_accepted else 0.0)
+        self.reach = min(k + 1, self.max_k) if num_accepted == k + 1 else 0
 
     def choose(self, costs: WidthCosts, kind: str) -> int:
         k = best_k(self.acceptance, costs.propose_seconds(kind, self.max_k),
                    costs.verify_seconds(self.max_k + 1), costs.round_seconds)
         if k == 0 and self.num_greedy_in_a_row >= PROBE_EVERY:
             k = 1  # a probe: keep the acceptance measured
+        k, self.reach = max(k, self.reach), 0  # one position past a full accept
         self.num_greedy_in_a_row = self.num_greedy_in_a_row + 1 if k == 0 else 0
         return k
 
