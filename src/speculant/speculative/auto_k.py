@@ -36,9 +36,9 @@ greedy steps in a row the controller proposes one draft again, and after a round
 accepted every draft the next goes one position further (at most the bound), so the
 acceptance it reads stays measured: a position the rule never reaches is never observed, and
 its prior alone had kept SmolLM2's chain at k = 1 for whole requests. :func:`best_k` is that
-rule as a pure function of its numbers: deterministic given them. The round is still exact: the controller changes only the width, and every width
-is verified by the target (greedy output stays bit for bit greedy; sampling stays distributed
-as the target's, though with measured costs the draws depend on the widths chosen: fix ``k``
+rule as a pure function of its numbers: deterministic given them. The round is still exact:
+the controller changes only the width, and every width is verified by the target (greedy
+output stays bit for bit greedy; sampling stays distributed as the target's, though with measured costs the draws depend on the widths chosen: fix ``k``
 for draw-for-draw reproducible sampling).
 
 The anchors: Hugging Face transformers' ``num_assistant_tokens_schedule="heuristic"`` (+2
