@@ -38,8 +38,9 @@ acceptance it reads stays measured: a position the rule never reaches is never o
 its prior alone had kept SmolLM2's chain at k = 1 for whole requests. :func:`best_k` is that
 rule as a pure function of its numbers: deterministic given them. The round is still exact:
 the controller changes only the width, and every width is verified by the target (greedy
-output stays bit for bit greedy; sampling stays distributed as the target's, though with measured costs the draws depend on the widths chosen: fix ``k``
-for draw-for-draw reproducible sampling).
+output stays bit for bit greedy; sampling stays distributed as the target's, though with
+measured costs the draws depend on the widths chosen: fix ``k`` for draw-for-draw
+reproducible sampling).
 
 The anchors: Hugging Face transformers' ``num_assistant_tokens_schedule="heuristic"`` (+2
 drafts after a full accept, −1 otherwise) adapts on acceptance alone; SGLang serves fixed
