@@ -45,3 +45,29 @@ def test_next_is_the_argmax_of_the_last_score_row(recorded):
         logits, next_token = session.session.run([chain.logits_output, NEXT], inputs)
         assert next_token.dtype == np.int32 and next_token.shape == (1,)
         assert next_token[0] == int(np.argmax(logits[0, -1]))
+
+
+def test_a_drafter_that_uses_the_step_graphs_names_is_refused_at_load(pair_root, tmp_path):
+    """A value of the drafter's own named ``speculant.chain.*`` would collide with the step
+    graph's: an AdmissionError at load naming the artifact, the value and the remedy."""
+    import shutil
+
+    import onnx
+    from onnx import helper
+
+    import speculant
+    from speculant.errors import AdmissionError
+    from speculant.package.loader import load_package
+
+    root = tmp_path / "pair"
+    shutil.copytree(pair_root("float32", "onnx"), root)
+    package = load_package(root)
+    artifact = package.artifacts[package.plan.proposer]
+    model = onnx.load(str(artifact))
+    source = model.graph.input[0].name
+    model.graph.node.append(helper.make_node("Identity", [source], ["speculant.chain.token"]))
+    onnx.save(model, str(artifact))
+    with pytest.raises(AdmissionError, match=r"speculant\.chain\.token") as caught:
+        speculant.load(root)
+    problem = caught.value.problems[0]
+    assert problem.file == str(artifact) and "rename" in problem.remedy

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
-from speculant.errors import ChainError
+from speculant.errors import AdmissionError, ChainError
 from speculant.package.model import Ports, TensorContract
 from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
@@ -65,6 +65,7 @@ def step_component(package: Package) -> StepComponent:
     ports = package.document.workflow.components[name].ports
     assert ports is not None
     step_shape = (*step_prefix(ports.inputs[chain.fused_port], chain), chain.fused_width)
+    _check_names(model.graph, str(package.artifacts[name]))
     _rewrite(model.graph, chain, step_shape, table, ports)
     inputs = {port: c for port, c in ports.inputs.items() if port != chain.fused_port}
     rank = len(step_shape)
@@ -98,6 +99,20 @@ def table_initializer(package: Package, chain: ChainPlan) -> TensorProto:
     """The target's initializer holding the token embeddings (load admitted it: A6)."""
     graph = package.graphs[package.plan.target].graph
     return next(i for i in graph.initializer if i.name == chain.table)
+
+
+def _check_names(graph: onnx.GraphProto, artifact: str) -> None:
+    """The rewrite's names must be free in the drafter's graph (an AdmissionError otherwise)."""
+    taken = {name for node in graph.node for name in (*node.input, *node.output)}
+    taken.update(value.name for value in (*graph.input, *graph.output, *graph.initializer))
+    clashes = sorted(name for name in taken if name.startswith(_PREFIX))
+    if clashes:
+        raise AdmissionError(
+            f"the chained drafter's graph already names {clashes}: the prefix '{_PREFIX}' is "
+            "speculant's, for the step graph it derives at load", file=artifact,
+            path="speculative.proposer", value=clashes[0],
+            remedy=f"rename those values in the drafter's graph (no name may start with "
+            f"'{_PREFIX}')")
 
 
 def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ...],
