@@ -261,5 +261,5 @@ def load(path: str | Path, device: str = "cpu", *, draft: str | Path | None = No
     :class:`Engine`'s keywords."""
     from speculant.package.loader import load_package
 
-    draft_package = load_package(draft) if draft is not None else None
-    return Engine(load_package(path), device, draft=draft_package, **options)
+    draft_package = load_package(draft, device) if draft is not None else None
+    return Engine(load_package(path, device), device, draft=draft_package, **options)

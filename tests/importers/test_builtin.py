@@ -35,9 +35,9 @@ def smollm2(monkeypatch, tmp_path, gguf_path):
     builds = []
     original = builtin._import_smollm2
 
-    def counted(gguf, out):
+    def counted(gguf, out, *graph):
         builds.append(out)
-        original(gguf, out)
+        original(gguf, out, *graph)
     monkeypatch.setattr(builtin, "_import_smollm2", counted)
     return builds
 
@@ -64,6 +64,37 @@ def test_first_use_imports_later_uses_load_the_cache(smollm2, tmp_path):
     assert json.loads((root / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
     assert first.generate([3, 4, 5], 6, stop_on_eos=False).token_ids == \
         second.generate([3, 4, 5], 6, stop_on_eos=False).token_ids
+
+
+@pytest.mark.parametrize("head_width_fuses", [False, True])
+def test_the_cpu_asks_for_fused_kernels_other_devices_the_node_by_node_graph(
+        smollm2, monkeypatch, head_width_fuses):
+    """One cached folder per device kind: the CPU's asks for the fused float32 graph (ONNX
+    Runtime's GroupQueryAttention) where the head width allows it, CUDA's for the node-by-node
+    graph (no float32 GroupQueryAttention there). This tiny model's head width (8) does not
+    allow it (``head_width_fuses`` pretends it does, and records the ask, writing node by
+    node); the real SmolLM2 (head width 64) runs fused on the CPU in
+    tests/evidence/test_demo_pair.py."""
+    import speculant_tools.export.fused as fused
+    import speculant_tools.importers as importers
+
+    asked: list[str] = []
+    write = importers.write_checkpoint
+
+    def recording(checkpoint, out, **options):
+        asked.append(options.get("graph", "auto"))
+        return write(checkpoint, out, **{**options, "graph": "explicit"})
+
+    monkeypatch.setattr(importers, "write_checkpoint", recording)
+    if head_width_fuses:
+        monkeypatch.setattr(fused, "fusable", lambda config, dtype: True)
+    cpu, cuda = resolve_package("smollm2", "cpu"), resolve_package("smollm2", "cuda:0")
+    assert cpu != cuda and len(smollm2) == 2
+    assert asked == ["fused" if head_width_fuses else "explicit", "explicit"]
+    assert speculant.load("smollm2").package.root == cpu  # the CPU's folder
+    prompt = [3, 4, 5, 6]
+    assert speculant.load(cpu).generate(prompt, 8, stop_on_eos=False).token_ids == \
+        speculant.load(cuda).generate(prompt, 8, stop_on_eos=False).token_ids
 
 
 @pytest.mark.parametrize("damage", ["flip a byte", "drop the manifest", "drop a file",

@@ -58,12 +58,13 @@ def unsupported_problems(doc: Document, file: str = "") -> list[Problem]:
     return [p for p in document_problems(doc, file) if p.kind is UnsupportedError]
 
 
-def load_package(root: str | Path) -> Package:
-    """Load, validate and admit the package in folder ``root``.
+def load_package(root: str | Path, device: str = "cpu") -> Package:
+    """Load, validate and admit the package in folder ``root`` (or the built-in of that name,
+    as made for ``device``).
 
     Raises ``MetadataError``, ``UnsupportedError`` or ``AdmissionError`` carrying every
     problem found at that stage (``.problems``)."""
-    root = Path(os.path.realpath(resolve_package(root)))  # a built-in name: its folder
+    root = Path(os.path.realpath(resolve_package(root, device)))  # a built-in: its folder
     if not root.is_dir():
         raise MetadataError(f"no inference_metadata.{{yaml,yml,json}} in {root} (not a folder)",
                             file=str(root), expected="a package folder, or a built-in "
