@@ -67,9 +67,7 @@ class Engine:
         self.seam = make_seam(self.device, ordering=ordering)
         plan, wf = package.plan, package.document.workflow
         graphs = decide(cuda_graphs, self.device, outputs_on_host=outputs_on_host,
-                        has_static_caches=any(
-                            g.update is not None and g.update.kind == "indexed_scatter"
-                            for g in groups_of(wf).values()))
+                        has_static_caches=_has_static_caches(package))
         components = {plan.target: (package.model_source(plan.target),
                                     wf.components[plan.target].ports)}
         if plan.proposer is not None and plan.chain is not None:  # its step graph, made once
@@ -84,8 +82,16 @@ class Engine:
                                    artifact=str(package.artifacts[name]), threads=threads,
                                    cuda_graphs=graphs, overlap=overlap)
             for name, (source, ports) in components.items()}
+        self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
+                                 outputs_on_host=outputs_on_host, threads=threads,
+                                 cuda_graphs=decide(cuda_graphs, self.device,
+                                                    outputs_on_host=outputs_on_host,
+                                                    has_static_caches=_has_static_caches(draft)),
+                                 overlap=overlap)
+                      if draft is not None else None)
+        described = {**self.sessions, **({"draft": self.draft.session} if self.draft else {})}
         self.cuda_graphs = "; ".join(f"{name}: {session.graphs.describe()}"
-                                     for name, session in self.sessions.items())
+                                     for name, session in described.items())
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])
         self.vocab_size = package.logits_width
         self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam)
@@ -93,9 +99,6 @@ class Engine:
         self.tokenizer = tokenizer_for(package)  # with its load-time checks
         self.static_pool = StaticPool()  # static caches and their plans, kept across requests
         self.chat_template: ChatTemplate | None = load_chat_template(package.tokenizer_file)
-        self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
-                                 outputs_on_host=outputs_on_host, threads=threads)
-                      if draft is not None else None)
         self.proposer_sources = ProposerSources(
             plan, self.proposer, self.draft, self.vocab_size, self.tokenizer.vocab_size,
             can_auto_enable=_can_auto_enable(package), costs=WidthCosts())
@@ -240,6 +243,13 @@ class Engine:
             return ()
         value = self.package.plan.proposer_inputs.get(chain.fused_port)
         return (value,) if value else ()
+
+
+def _has_static_caches(package: Package) -> bool:
+    """A state group of ``package`` updates in place (``indexed_scatter``): one shape per
+    pass width, so its passes can be captured."""
+    return any(g.update is not None and g.update.kind == "indexed_scatter"
+               for g in groups_of(package.document.workflow).values())
 
 
 def _can_auto_enable(package: Package) -> bool:

@@ -267,3 +267,24 @@ def test_graph_ids_do_not_grow_with_requests(static_pair):
     for _ in range(2):
         engine.generate([3, 17, 8], 16, speculative=True, k=4, stop_on_eos=False)
     assert target.graphs.num_ids == ids_after_one
+
+
+def test_the_draft_models_passes_are_captured_and_its_tokens_are_greedys(tmp_path):
+    """A static draft package beside a static target: the draft's passes are captured per
+    width and replayed (its own plans), and its speculation decodes greedy's tokens."""
+    from pathlib import Path
+
+    from speculant_tools.export import convert
+
+    here = Path(speculant.__file__).parent
+    target = convert(str(here / "demo"), tmp_path / "target", "float16", cache="static")
+    draft = convert(str(here / "demo_draft"), tmp_path / "draft", "float16", cache="static")
+    engine = speculant.load(target, device="cuda", draft=draft)
+    assert "draft: captured per width, replayed" in engine.cuda_graphs, engine.cuda_graphs
+    prompt = engine.tokenizer.encode("def fibonacci(n):\n")
+    greedy = engine.generate(prompt, 48, stop_on_eos=False)
+    result = engine.generate(prompt, 48, stop_on_eos=False, proposer="draft", k=4)
+    assert result.token_ids == greedy.token_ids
+    plans = [plan for cells in engine.draft.static_pool._cells.values()
+             for plan in cells.plans.values()]
+    assert any(plan.graph_id != EAGER_ID and plan.num_runs > 1 for plan in plans)

@@ -72,6 +72,17 @@ def test_load_takes_the_option_and_the_stats_say_eager_and_why(tmp_path):
                               "(cuda_graphs=False)"
 
 
+def test_the_draft_models_session_says_what_it_does_too(tmp_path):
+    """A draft model beside the target gets the engine's graph decision for its own package
+    and its line in ``cuda_graphs`` (eager on the CPU, and why)."""
+    target = write_decoder_package(tmp_path / "target")
+    draft = write_decoder_package(tmp_path / "draft", deviation_positions={3, 9})
+    engine = speculant.load(target, draft=draft)
+    assert engine.cuda_graphs == f"decoder: eager ({CPU_REASON}); draft: eager ({CPU_REASON})"
+    result = engine.generate(encode("def "), 12, proposer="draft", k=2, stop_on_eos=False)
+    assert result.stats.cuda_graphs == engine.cuda_graphs
+
+
 def test_a_capturing_session_on_the_cpu_is_refused(tmp_path):
     engine = speculant.load(write_decoder_package(tmp_path / "decoder"))
     session = engine.sessions[engine.package.plan.target]

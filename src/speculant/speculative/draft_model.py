@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from speculant.errors import RequestError
 from speculant.package.package import Package
+from speculant.session.graphs import OFF, GraphDecision
 from speculant.session.session import ComponentSession
 from speculant.speculative.proposal import Proposal
 from speculant.tensors import TensorSeam, Value
@@ -38,7 +39,10 @@ class DraftModel:
 
     def __init__(self, package: Package, seam: TensorSeam, device: str, *,
                  use_tf32: bool = False, outputs_on_host: bool = False,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, cuda_graphs: GraphDecision = OFF,
+                 overlap: bool = True) -> None:
+        """``cuda_graphs``, ``overlap``: as the target's session (the engine decides them for
+        the draft package: static caches on CUDA capture a graph per pass width)."""
         plan = package.plan
         self.package = package
         self.seam = seam
@@ -46,7 +50,8 @@ class DraftModel:
             plan.target, package.model_source(plan.target),
             package.document.workflow.components[plan.target].ports, device, seam,
             use_tf32=use_tf32, outputs_on_host=outputs_on_host,
-            artifact=str(package.artifacts[plan.target]), threads=threads)
+            artifact=str(package.artifacts[plan.target]), threads=threads,
+            cuda_graphs=cuda_graphs, overlap=overlap)
         self.runner = TargetPass(package.document, plan, self.session)
         self.logits_width = package.logits_width
         self.tokenizer_vocab = load_tokenizer(package.tokenizer_file).vocab_size
