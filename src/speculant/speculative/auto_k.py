@@ -208,13 +208,13 @@ class AutoWidthProposer:
         self.inner, self.kind, self.controller, self.costs = inner, kind, controller, costs
         self._num_rounds_seen = 0
         self.chosen: list[int] = []  # the width asked of the proposer, per proposal
-        self._last: tuple[float, float, float] | None = None  # the last proposal's clocks
+        # when the last proposal returned, and the verify seconds observed by then
+        self._last: tuple[float, float] | None = None
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
-        now = time.perf_counter()
         if self._last is not None:  # the last round's time outside its proposal and verify
-            started, proposing, verified = self._last
-            self.costs.observe_round(now - started - proposing -
+            returned, verified = self._last
+            self.costs.observe_round(time.perf_counter() - returned -
                                      (self.costs.verify_total - verified))
         trace = state.stats.trace
         for round_k, num_accepted in trace[self._num_rounds_seen:]:
@@ -229,5 +229,5 @@ class AutoWidthProposer:
         proposing = time.perf_counter() - started
         if proposal.k:
             self.costs.observe_proposal(self.kind, proposal.k, proposing)
-        self._last = (now, proposing + (started - now), self.costs.verify_total)
+        self._last = (time.perf_counter(), self.costs.verify_total)
         return proposal

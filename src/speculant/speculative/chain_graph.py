@@ -136,21 +136,22 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
     graph.initializer.extend(
         numpy_helper.from_array(_int64(value), _PREFIX + key) for key, value in constants.items())
     n = _PREFIX
-    graph.node.insert(0, helper.make_node("Gather", [TABLE, TOKEN], [n + "row"], axis=0))
-    graph.node.insert(1, helper.make_node("Reshape", [n + "row", n + "row_shape"],
-                                          [n + "row_r"]))
-    graph.node.insert(2, helper.make_node("Expand", [n + "row_r", n + "prefix_shape"],
-                                          [n + "row_e"]))
-    graph.node.insert(3, helper.make_node("Expand", [CARRY, n + "prefix_shape"],
-                                          [n + "carry_e"]))
-    graph.node.insert(4, helper.make_node("Concat", [n + "row_e", n + "carry_e"],
-                                          [chain.fused_port], axis=-1))
-    graph.node.extend([
+    prologue = [  # the fused input from the table, the token and the carry
+        helper.make_node("Gather", [TABLE, TOKEN], [n + "row"], axis=0),
+        helper.make_node("Reshape", [n + "row", n + "row_shape"], [n + "row_r"]),
+        helper.make_node("Expand", [n + "row_r", n + "prefix_shape"], [n + "row_e"]),
+        helper.make_node("Expand", [CARRY, n + "prefix_shape"], [n + "carry_e"]),
+        helper.make_node("Concat", [n + "row_e", n + "carry_e"], [chain.fused_port], axis=-1),
+    ]
+    epilogue = [  # the argmax of the last score row
         helper.make_node("Flatten", [chain.logits_output], [n + "rows"], axis=logits_rank - 1),
         helper.make_node("Gather", [n + "rows", n + "last_row"], [n + "scores"], axis=0),
         helper.make_node("ArgMax", [n + "scores"], [n + "next64"], axis=0, keepdims=1),
         helper.make_node("Cast", [n + "next64"], [NEXT], to=TensorProto.INT32),
-    ])
+    ]
+    nodes = [*prologue, *graph.node, *epilogue]
+    del graph.node[:]
+    graph.node.extend(nodes)
     graph.output.append(helper.make_tensor_value_info(NEXT, TensorProto.INT32, [1]))
 
 

@@ -33,8 +33,7 @@ class ChainSteps:
         """``shared``: port -> the buffer every step binds; ``carry``, ``produced``: a step's
         carry input and outputs as the checked run gave them (their shapes and dtypes)."""
         seam = session.seam
-        self.session, self.shared, self.max_k = session, shared, max_k
-        self.carry_output = carry_output
+        self.session, self.shared, self.carry_output = session, shared, carry_output
         where = session.output_residency  # the chain residency: where step outputs land
         with seam.write_batch():
             self.ids = seam.zeros((max_k + 2,), "int32", where)  # [K + 2] int32

@@ -127,9 +127,10 @@ class ChainedProposer:
                          carry_0: Value) -> Proposal:
         """Static caches: the step plans of these buffers, made on their first proposal."""
         seam = self.seam
-        steps, is_new = cells.chain_steps, cells.chain_steps is None
-        if steps is None:  # its shared inputs are this proposal's already
-            steps = cells.chain_steps = self._steps(state, last, carry_0)
+        is_new = cells.chain_steps is None
+        if is_new:  # its shared inputs are this proposal's already
+            cells.chain_steps = self._steps(state, last, carry_0)
+        steps = cells.chain_steps
         with seam.write_batch():  # once per proposal: s, p, carry_0 and the shared inputs
             if not is_new:
                 self._fixed_bindings(state, steps.shared)
