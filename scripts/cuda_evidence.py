@@ -32,7 +32,8 @@ print(run.token_ids, engine.seam.counters.snapshot())
 """
 
 # The fast path (issue 12): static caches, the round in place, overlapped runs, eager (a
-# captured graph would hide its kernels' launches from the sanitizer's view of our own)
+# captured graph would hide its kernels' launches from the sanitizer's view of our own); greedy
+# with a pass queued ahead of the host and its read-back on the reader stream
 STATIC_RUN = """
 import sys, speculant
 from speculant.package.builtin import demo
@@ -41,6 +42,8 @@ static = convert(demo(), sys.argv[1] + "/static", "float16", cache="static")
 engine = speculant.load(static, "cuda", use_tf32=False, cuda_graphs=False)
 run = engine.generate(engine.tokenizer.encode("def fibonacci(n):"), 24, speculative=True, k=4)
 print(run.token_ids, run.stats.trace, engine.seam.counters.snapshot())
+greedy = engine.generate(engine.tokenizer.encode("def fibonacci(n):"), 24)  # a pass queued ahead
+print(greedy.token_ids, engine.seam.counters.snapshot())
 """
 
 

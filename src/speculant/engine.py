@@ -27,7 +27,7 @@ from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
 from speculant.speculative.proposal import Proposer
-from speculant.tensors.seam import make_seam, residency_for_device
+from speculant.tensors.devices import make_seam, residency_for_device
 from speculant.text.chat import ChatTemplate, load_chat_template
 from speculant.text.tokenizer import tokenizer_for
 from speculant.workflow.options import GenerationOptions, checked_text, checked_token_ids

@@ -38,10 +38,12 @@ class InvokeClock:
         if engine.draft is not None:
             self.sessions["draft"] = engine.draft.session
         self.target = engine.package.plan.target
-        self.durations: dict[str, list[float]] = {name: [] for name in self.sessions}
+        # each session's calls, their seconds asked at the end (an overlapped replay's
+        # timing waits for its end: asking at once would stall the pipeline being measured)
+        self.calls: dict[str, list[Invocation]] = {name: [] for name in self.sessions}
 
     def __enter__(self) -> InvokeClock:
-        self._observers = {name: self._recorder(self.durations[name]) for name in self.sessions}
+        self._observers = {name: self.calls[name].append for name in self.sessions}
         for name, session in self.sessions.items():
             session.observers.append(self._observers[name])
         return self
@@ -50,22 +52,17 @@ class InvokeClock:
         for name, session in self.sessions.items():
             session.observers.remove(self._observers[name])
 
-    @staticmethod
-    def _recorder(durations: list[float]) -> Callable[[Invocation], None]:
-        def record(call: Invocation) -> None:
-            durations.append(call.seconds)
-        return record
-
     def reset(self) -> None:
-        for durations in self.durations.values():
-            durations.clear()
+        for calls in self.calls.values():
+            calls.clear()
 
     def target_s(self, skip_first: int = 0) -> float:
         """Target time, leaving out the first ``skip_first`` passes (the prefill)."""
-        return sum(self.durations[self.target][skip_first:])
+        return sum(call.seconds for call in self.calls[self.target][skip_first:])
 
     def proposer_s(self) -> float:
-        return sum(sum(d) for name, d in self.durations.items() if name != self.target)
+        return sum(call.seconds for name, calls in self.calls.items() if name != self.target
+                   for call in calls)
 
 
 def prefilled(engine: Engine, prompt_ids: Sequence[int], room: int = 1) -> DecodeState:

@@ -90,12 +90,12 @@ def test_invoke_clock_counts_every_invoke_and_restores(pair_path):
     before = {name: list(s.observers) for name, s in engine.sessions.items()}  # the engine's
     with InvokeClock(engine) as clock:
         greedy = engine.generate(encode("def "), 12, stop_on_eos=False)
-        assert len(clock.durations["target"]) == greedy.stats.target_passes
-        assert clock.durations["assistant"] == [] and clock.proposer_s() == 0
+        assert len(clock.calls["target"]) == greedy.stats.target_passes
+        assert clock.calls["assistant"] == [] and clock.proposer_s() == 0
         clock.reset()
         spec = engine.generate(encode("def "), 12, speculative=True, k=2, stop_on_eos=False)
-        assert len(clock.durations["target"]) == spec.stats.target_passes
-        assert len(clock.durations["assistant"]) == spec.stats.proposer_invocations > 0
+        assert len(clock.calls["target"]) == spec.stats.target_passes
+        assert len(clock.calls["assistant"]) == spec.stats.proposer_invocations > 0
         assert 0 < clock.target_s(skip_first=1) < clock.target_s()
     assert {name: s.observers for name, s in engine.sessions.items()} == before  # removed
     assert all("invoke" not in vars(s) for s in engine.sessions.values())  # nothing patched

@@ -26,7 +26,7 @@ from speculant.session.graphs import EAGER_ID, OFF, GraphDecision
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
 from speculant.tensors import HOST, Value
-from speculant.tensors.seam import make_seam
+from speculant.tensors.devices import make_seam
 from speculant_tools.export import write_pair_package
 
 pytestmark = cuda_marks()

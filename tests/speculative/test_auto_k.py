@@ -12,6 +12,7 @@ from builders.writers import write_chained_package, write_decoder_package
 from speculant.session.session import Invocation
 from speculant.speculative.auto_k import (
     PROBE_EVERY,
+    UNSETTLED_MAX,
     AutoWidthProposer,
     WidthController,
     WidthCosts,
@@ -173,7 +174,24 @@ def test_the_verify_observer_times_passes_by_their_token_width():
                        ("logits",), 0.25))
     observe(Invocation("target", {"input_ids": Value.host(np.zeros((1, 30), np.int64))},
                        ("logits",), 9.0))  # a long prefill: not a verify width
-    assert costs.verify.seconds == {3: 0.25}
+    assert costs.verify.seconds == {}  # not asked yet: an overlapped replay's would wait
+    assert costs.verify_total == 9.25 and costs.verify.seconds == {3: 0.25}
+
+
+def test_the_verify_observer_asks_no_time_of_the_latest_passes_and_stays_bounded():
+    """A greedy decode never asks the costs: the observer folds the older passes in itself
+    (bounded memory) but never asks a time of the latest two (a queued pass's would wait)."""
+    costs = WidthCosts()
+    observe = costs.verify_observer({"input_ids": "token_ids"})
+    asked: list[int] = []
+
+    def timer(index: int):
+        return lambda: asked.append(index) or 0.001
+
+    for index in range(UNSETTLED_MAX + 1):
+        observe(Invocation("target", {"input_ids": Value.host(np.zeros((1, 1), np.int64))},
+                           ("logits",), timer(index)))
+    assert asked == list(range(UNSETTLED_MAX - 1)) and len(costs.unsettled) == 2
 
 
 @pytest.fixture(scope="module")

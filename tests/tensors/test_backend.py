@@ -23,8 +23,8 @@ def test_the_protocol_lists_every_operation_transfer_and_primitive():
     assert METHODS == sorted([
         "window", "gather", "scatter", "zeros", "write_ints", "write_arange", "write_ids",
         "accept", "argmax", "distribution", "sample", "rejection",
-        "download", "upload", "peer_copy", "synchronize", "write_batch", "unsupported_reason",
-        "pointer", "compute_stream", "wrap"])
+        "download", "mark", "seconds_between", "upload", "peer_copy", "synchronize",
+        "write_batch", "unsupported_reason", "pointer", "compute_stream", "wrap"])
 
 
 @pytest.mark.parametrize("implementation", [HostBackend, CudaBackend])

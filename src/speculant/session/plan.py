@@ -48,6 +48,7 @@ run returns once its replay is queued, and the next read-back on the shared stre
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 
@@ -168,6 +169,10 @@ class PassPlan:
         """Run the component on the buffers as they are now; the output buffers, rewritten."""
         session = self.session
         started = time.perf_counter() if session.observers else 0.0
+        # observed with its work's time: marks around the replay, asked when read (no wait)
+        backend = session.seam.backend(session.device) if session.observers and \
+            self.is_overlapped and session.times_to_completion else None
+        begin = backend.mark(session.device) if backend is not None else None
         try:
             run_bound(session.session, self.binding, self.run_options)
         except Exception as exc:
@@ -177,8 +182,6 @@ class PassPlan:
                 f"component '{session.name}': ONNX Runtime failed to capture CUDA graph "
                 f"{self.graph_id} of a pass plan: {exc}", value=self.graph_id,
                 remedy="load with cuda_graphs=False (eager), and report the package") from exc
-        if self.is_overlapped and session.observers and session.times_to_completion:
-            session.seam.synchronize(session.device)  # time the work, not its queueing
         self.num_runs += 1
         session.num_invocations += 1
         if self.graph_id != EAGER_ID:
@@ -189,8 +192,9 @@ class PassPlan:
                 counters.graph_captures += 1
                 self.is_captured = True
         if session.observers:
-            call = Invocation(session.name, self.inputs, tuple(self.outputs),
-                              time.perf_counter() - started)
+            timer = time.perf_counter() - started if backend is None else functools.partial(
+                backend.seconds_between, begin, backend.mark(session.device))
+            call = Invocation(session.name, self.inputs, tuple(self.outputs), timer)
             for observer in session.observers:
                 observer(call)
         return dict(self.outputs)

@@ -55,7 +55,13 @@ class Invocation:
     component: str  # the session's name
     inputs: Mapping[str, Value]  # port -> the value bound
     outputs: tuple[str, ...]  # the output ports asked for
-    seconds: float  # binding, ORT's run and adopting the outputs (perf_counter)
+    timer: float | Callable[[], float]  # its seconds, or how to ask them (PassPlan.run)
+
+    @property
+    def seconds(self) -> float:
+        """Binding, ORT's run and adopting the outputs (perf_counter); an overlapped replay's
+        from marks around it on the stream (asking waits for its end)."""
+        return self.timer() if callable(self.timer) else self.timer
 
 
 Observer = Callable[[Invocation], None]
@@ -113,8 +119,8 @@ class ComponentSession:
         self.seam = seam
         self.observers: list[Observer] = []
         # captured pass plans return once their replay is queued (``overlap``); where
-        # ``times_to_completion``, an observed run waits for its work first (the target's:
-        # its observers time verify passes, and a read-back follows)
+        # ``times_to_completion`` (the target's: its observers time verify passes), an
+        # overlapped observed run is timed by marks around it, asked when read (no wait)
         self.overlap = overlap
         self.times_to_completion = False
         providers = provider_for(device, seam, use_tf32=use_tf32)

@@ -66,6 +66,7 @@ PRIOR_ACCEPTANCE = 0.6  # p_i before any round reached position i
 UNMEASURED_SECONDS = 1.0  # t_verify while no pass was measured (flat: widths look free)
 PROBE_EVERY = 8  # greedy steps in a row before one draft is proposed again
 STALL_SECONDS = 0.25  # a round's outside time above this is a consumer's pause: not counted
+UNSETTLED_MAX = 64  # observed target passes held before the older ones are folded in
 
 
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
@@ -134,7 +135,26 @@ class WidthCosts:
     verify: WidthTable = field(default_factory=WidthTable)  # n tokens -> seconds of a pass
     propose: dict[str, WidthTable] = field(default_factory=dict)  # kind -> k -> seconds
     round_seconds: float = 0.0  # t_round: a round's time outside its proposal and verify
-    verify_total: float = 0.0  # seconds of every observed target pass, summed
+    verified_seconds: float = 0.0  # the settled observed target passes' seconds, summed
+    # (width or 0, call) of target passes observed, their seconds not asked yet: asking
+    # an overlapped replay's waits for its end, so it waits until the round reads back
+    unsettled: list[tuple[int, Invocation]] = field(default_factory=list)
+
+    @property
+    def verify_total(self) -> float:
+        """Seconds of every observed target pass, summed (settles those observed)."""
+        self.settle(keep=0)
+        return self.verified_seconds
+
+    def settle(self, keep: int) -> None:
+        """Fold in every unsettled pass but the latest ``keep``."""
+        settled = self.unsettled[:len(self.unsettled) - keep]
+        del self.unsettled[:len(settled)]
+        for width, call in settled:
+            seconds = call.seconds  # asked once: an overlapped replay's waits for its end
+            self.verified_seconds += seconds
+            if width:
+                self.verify.observe(width, seconds)
 
     def observe_round(self, seconds: float) -> None:
         if 0.0 <= seconds <= STALL_SECONDS:
@@ -142,6 +162,7 @@ class WidthCosts:
 
     def verify_seconds(self, max_width: int) -> list[float]:
         """``t_verify(n)`` for ``n = 1 … max_width``."""
+        self.settle(keep=0)
         return self.verify.at(range(1, max_width + 1), UNMEASURED_SECONDS)
 
     def propose_seconds(self, kind: str, max_k: int) -> list[float]:
@@ -159,9 +180,10 @@ class WidthCosts:
 
         def observe(call: Invocation) -> None:
             value = call.inputs.get(token_port) if token_port is not None else None
-            self.verify_total += call.seconds
-            if value is not None and value.rank and 0 < value.shape[-1] <= max_width:
-                self.verify.observe(int(value.shape[-1]), call.seconds)
+            width = int(value.shape[-1]) if value is not None and value.rank else 0
+            self.unsettled.append((width if 0 < width <= max_width else 0, call))
+            if len(self.unsettled) > UNSETTLED_MAX:  # greedy decodes never ask: bounded
+                self.settle(keep=2)  # the older ones finished long ago
 
         return observe
 

@@ -1,7 +1,8 @@
 """The tensor seam: `Value`, the `Backend` protocol and its implementations (residency.md)."""
 
 from speculant.tensors.backend import Backend, ResidencyCounters
-from speculant.tensors.seam import TensorSeam, make_seam
+from speculant.tensors.devices import make_seam
+from speculant.tensors.seam import TensorSeam
 from speculant.tensors.value import HOST, NUMPY_DTYPES, Value
 
 __all__ = ["HOST", "NUMPY_DTYPES", "Backend", "ResidencyCounters", "TensorSeam", "Value",

@@ -120,8 +120,19 @@ class Backend(Protocol):
         ...
 
     # -- transfers and ordering -----------------------------------------------------------
-    def download(self, v: Value) -> np.ndarray:
-        """The bytes of ``v`` as a new host array of its metadata dtype (the read-back)."""
+    def download(self, v: Value, after: Any = None) -> np.ndarray:
+        """The bytes of ``v`` as a new host array of its metadata dtype (the read-back);
+        ``after``: a :meth:`mark` made once ``v``'s producer was queued, the one point the
+        copy waits for (work queued since runs on)."""
+        ...
+
+    def mark(self, residency: str) -> Any:
+        """A point in the work queued on ``residency`` so far (a device: an event recorded on
+        its stream; the host, where work is done when queued: the clock now)."""
+        ...
+
+    def seconds_between(self, begin: Any, end: Any) -> float:
+        """Seconds from mark ``begin`` to mark ``end`` (a device: waits for ``end``)."""
         ...
 
     def upload(self, v: Value, residency: str) -> Value:

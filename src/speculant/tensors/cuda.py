@@ -16,7 +16,7 @@ under ``with Device(N), stream:``. ``stream.ptr`` is the handle CUDA sessions sh
 :meth:`CudaBackend.write_batch` is a batch of its own.
 Writes are: strided window copies, gathers, scatters, ``zeros``, uploads and peer copies.
 ``argmax`` is not: its result is only ever read back by :meth:`download`, which waits for the
-stream anyway.
+stream, or, ``after`` a mark, a second (reader) stream waits for that event alone.
 
 **Counting allocator.** Every buffer speculant owns is allocated here, by
 :meth:`CudaBackend._allocate`: a block from ``cupy.cuda.alloc`` (CuPy's current allocator,
@@ -25,11 +25,9 @@ normally its stream-aware pool, so it is reused in stream order) is re-wrapped a
 ``weakref.finalize`` on that record takes the buffer off ``live_device_allocations`` /
 ``live_device_bytes`` when the last array or view over it is gone (the pooled block goes back
 to the pool at the same moment). This counts exactly the speculant-owned buffers that are
-alive. The alternatives count the wrong thing: ``cupy.cuda.set_allocator`` and
-``cupy.cuda.MemoryHook`` are process-wide, so they would also count CuPy temporaries (the
-reductions inside ``argmax``), everyone else's CuPy arrays and pool-level frees rather than
-buffer lifetimes. Memory wrapped without a copy (:meth:`CudaBackend.wrap`, ``owned=False``: ORT's
-outputs) belongs to its owner and is not counted, nor are CuPy's cached free blocks.
+alive (``set_allocator`` and ``MemoryHook`` are process-wide: they would count temporaries
+and other users' arrays). Memory wrapped without a copy (:meth:`CudaBackend.wrap`,
+``owned=False``: ORT's outputs) is its owner's and not counted, nor are CuPy's free blocks.
 
 **bfloat16** is stored as ``uint16`` words; only ``argmax`` and the sampling operations
 interpret it, through ``sampling.widen_bfloat16`` (the 16 bits in the top half of a float32).
@@ -69,6 +67,7 @@ _IN_DOWNLOAD: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 # Device ordinal -> its non-blocking cupy.cuda.Stream: one per device per process.
 _DEVICE_STREAMS: dict[int, Any] = {}
+_READER_STREAMS: dict[int, Any] = {}  # ordinal -> the stream of read-backs made after a mark
 
 
 def in_seam_download() -> bool:
@@ -251,8 +250,7 @@ class CudaBackend:
                 self._cp.copyto(out, part)
                 self._wrote(ordinal)
                 return Value(out, v.residency, v.dtype, owned=True, kind=v.kind)
-            # the window as rows: outer = the extents before the axis, each row one run of
-            # `length` positions; one 2-D device-to-device copy (no kernel launch)
+            # rows: one per outer index, each `length` positions; one 2-D copy, no kernel
             step = math.prod(v.shape[axis + 1:]) * v.data.dtype.itemsize  # bytes per position
             runtime = self._cp.cuda.runtime
             runtime.memcpy2DAsync(
@@ -416,17 +414,30 @@ class CudaBackend:
         """Block until everything issued on the stream of ``residency`` has run."""
         self.stream_for(residency).synchronize()
 
-    def download(self, v: Value) -> np.ndarray:
-        """The only device -> host path: a blocking copy on the value's stream."""
+    def download(self, v: Value, after: Any = None) -> np.ndarray:
+        """The only device -> host path: a blocking copy on the value's stream, or ``after``
+        a mark on the device's reader stream (waiting for that event alone)."""
         ordinal = cuda_ordinal(v.residency)
         token = _IN_DOWNLOAD.set(True)
         try:
             with self._on(ordinal) as stream:
+                if after is not None:  # the reader stream, after that event alone
+                    stream = _READER_STREAMS.get(ordinal) or self._cp.cuda.Stream(non_blocking=True)
+                    _READER_STREAMS[ordinal] = stream
+                    stream.wait_event(after)
                 array = v.data.get(stream=stream)  # in stream order, after every write
                 stream.synchronize()  # blocking on every CuPy release, not only recent ones
         finally:
             _IN_DOWNLOAD.reset(token)
         return np.asarray(array, order="C").view(NUMPY_DTYPES[v.dtype])
+
+    def mark(self, residency: str) -> Any:
+        with self._on(cuda_ordinal(residency)) as stream:
+            return stream.record()  # a cupy.cuda.Event, timing enabled
+
+    def seconds_between(self, begin: Any, end: Any) -> float:
+        end.synchronize()
+        return self._cp.cuda.get_elapsed_time(begin, end) / 1e3  # milliseconds -> seconds
 
     def upload(self, v: Value, residency: str) -> Value:
         ordinal = cuda_ordinal(residency)

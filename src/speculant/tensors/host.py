@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -139,8 +140,14 @@ class HostBackend:
         return Value(ids, HOST, "int32", owned=True, kind="token_ids")
 
     # -- transfers: on the host each is a copy into a new owned value ----------------------
-    def download(self, v: Value) -> np.ndarray:
+    def download(self, v: Value, after: Any = None) -> np.ndarray:
         return np.array(v.data, order="C", copy=True)
+
+    def mark(self, residency: str) -> float:
+        return time.perf_counter()
+
+    def seconds_between(self, begin: float, end: float) -> float:
+        return end - begin
 
     def upload(self, v: Value, residency: str) -> Value:
         return Value(np.array(v.data, order="C", copy=True), HOST, v.dtype, owned=True,

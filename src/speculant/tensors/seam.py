@@ -36,37 +36,6 @@ def device_kind(residency: str) -> str:
     return residency.split(":", 1)[0]
 
 
-def residency_for_device(device: str) -> str:
-    """The residency ``device`` names: ``cpu``/``host`` -> ``host``, ``cuda`` -> ``cuda:0``."""
-    if device in ("cpu", HOST):
-        return HOST
-    if device == "cuda":
-        return "cuda:0"
-    if device.startswith("cuda:") and device[5:].isdigit():
-        return f"cuda:{int(device[5:])}"
-    raise ResidencyError(
-        f"unknown device '{device}': speculant runs on the host ('cpu') or on CUDA ('cuda', "
-        "'cuda:N')", value=device, expected="'cpu', 'cuda' or 'cuda:N'",
-        remedy=f"load with device='cpu', or device='cuda:N' after {INSTALL_CUDA}")
-
-
-def make_seam(device: str = "cpu", *, ordering: str = "shared_stream") -> TensorSeam:
-    """The seam for a runtime that executes on ``device`` (``cpu``, ``cuda`` or ``cuda:N``).
-
-    For CUDA it builds a :class:`~speculant.tensors.cuda.CudaBackend` for that ordinal and
-    raises :class:`ResidencyError` at once, naming the ordinal, when CuPy, a GPU or that
-    ordinal is missing. There is no silent CPU fallback.
-    ``ordering`` is ``"shared_stream"`` (default: ONNX Runtime runs on the seam's stream) or
-    ``"fence"`` (the seam synchronizes its stream after every write batch).
-    """
-    residency = residency_for_device(device)
-    if residency == HOST:
-        return TensorSeam()
-    from speculant.tensors.cuda import CudaBackend
-
-    return TensorSeam({"cuda": CudaBackend(int(residency.split(":")[1]), ordering=ordering)})
-
-
 def _check_residency(op: str, residency: object) -> None:
     if not isinstance(residency, str) or not _RESIDENCY.match(residency):
         raise ContractError(f"{op}: residency {residency!r} is not 'host' or '<device>:<ordinal>'",
@@ -492,3 +461,18 @@ class TensorSeam:
             raise ContractError(f"read_token_ids: {ids.describe()} is not a token-ids value",
                                 expected="the result of argmax_rows or a sampler")
         return [int(i) for i in self.adopt(ids, HOST).data.reshape(-1)]
+
+    def read_token_ids_later(self, ids: Value) -> Callable[[], list[int]]:
+        """:meth:`read_token_ids` begun now, finished by calling the result: on a device the
+        copy waits for the work queued before this call alone, so more may be queued first."""
+        if ids.kind != "token_ids" or ids.residency == HOST:
+            values = self.read_token_ids(ids)  # its kind check; on the host nothing waits
+            return lambda: values
+        backend = self.backend_for("read_token_ids_later", ids, "ids")
+        made = backend.mark(ids.residency)  # after the work that makes ids
+
+        def finish() -> list[int]:
+            array = backend.download(ids, after=made)
+            self.counters.device_readback_bytes += int(array.nbytes)
+            return [int(i) for i in array.reshape(-1)]
+        return finish

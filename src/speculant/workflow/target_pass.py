@@ -19,7 +19,7 @@ from speculant.package.plan import LoadPlan
 from speculant.session.contracts import SymbolTable
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
-from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
+from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.request import Admitted, literal_value
 from speculant.workflow.static_cells import StaticCells
 
@@ -152,6 +152,9 @@ class TargetPass:
         port_of = {name: port for port, name in plan.target_inputs.items()}
         self.control_ports = {control: port_of[name] for control, name in plan.serving.items()
                               if name in port_of}
+        # greedy passes queued beyond the one the host reads (speculative/decode.py's
+        # greedy_ahead): one where the target runs on a device, none on the host
+        self.ahead = int(session.device != HOST)
         self.logits_port = plan.port_by_role.get("logits", "logits")
         self.seed_port = plan.chain.seed_output if plan.chain else None
 

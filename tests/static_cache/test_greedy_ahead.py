@@ -1,0 +1,79 @@
+"""Greedy on static caches with passes queued ahead of the host (speculative/decode.py's
+``greedy_ahead``): each pass fed the previous pass's argmax where it was made. Any depth gives
+the appended form's tokens; a stop found while a pass is queued keeps the state exact (the
+next request on the same buffers decodes as a fresh engine does); the budget never queues a
+pass it does not need."""
+
+from __future__ import annotations
+
+import pytest
+
+import speculant
+from speculant.workflow.target_pass import TargetPass
+
+PROMPT = [7, 3, 41, 12, 25, 9, 7, 3, 41, 12]
+NEW = 24
+
+
+def engine_at(root, depth: int):
+    engine = speculant.load(root, threads=1)
+    engine.target.ahead = depth  # a device's default is 1, the host's 0
+    return engine
+
+
+@pytest.fixture(scope="module")
+def reference(pairs):
+    """The appended form's greedy stream: nothing queued, nothing in place."""
+    engine = speculant.load(pairs["scatter-float32", "appended"], threads=1)
+    return engine.generate(PROMPT, max_new_tokens=NEW, stop_on_eos=False).token_ids
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+@pytest.mark.parametrize("form", ["scatter-float32", "gqa-float16"])
+def test_any_depth_decodes_the_appended_greedy_stream(pairs, form, depth):
+    engine = engine_at(pairs[form, "static"], depth)
+    appended = speculant.load(pairs[form, "appended"], threads=1)
+    want = appended.generate(PROMPT, max_new_tokens=NEW, stop_on_eos=False).token_ids
+    session = engine.sessions[engine.package.plan.target]
+    result = engine.generate(PROMPT, max_new_tokens=NEW, stop_on_eos=False)
+    assert result.token_ids == want and len(want) == NEW
+    assert result.stats.greedy_steps == NEW - 1 and result.stats.target_passes == NEW
+    assert result.stats.rollback_bytes_moved == 0
+    # the budget ends the stream: no pass is queued past the last token it needs
+    assert session.num_invocations == NEW
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_stop_found_with_passes_queued_leaves_the_state_exact(pairs, reference, depth):
+    """Stop at the reference's 9th token: the passes queued beyond it ran (their slots lie
+    past the length) and are dropped, the stream ends there, and the next request on the
+    same pooled buffers and plans decodes exactly as a fresh engine does."""
+    stop_at = reference.index(reference[8])  # its first appearance
+    engine = engine_at(pairs["scatter-float32", "static"], depth)
+    session = engine.sessions[engine.package.plan.target]
+    stopped = engine.generate(PROMPT, max_new_tokens=NEW, stop_token_ids=[reference[8]])
+    assert stopped.token_ids == reference[:stop_at + 1] and stopped.stats.stop_reason == "eos"
+    assert stopped.stats.target_passes == stop_at + 1
+    assert session.num_invocations == stop_at + 1 + min(depth, NEW - 1 - stop_at)
+    again = engine.generate(PROMPT[3:], max_new_tokens=NEW, stop_on_eos=False)
+    fresh = engine_at(pairs["scatter-float32", "static"], 0).generate(
+        PROMPT[3:], max_new_tokens=NEW, stop_on_eos=False)
+    assert again.token_ids == fresh.token_ids
+
+
+def test_a_pass_fed_a_stale_choice_is_caught(pairs, reference, monkeypatch):
+    """Planted: each queued pass is fed the choice of the pass before the previous one
+    (one pass stale) instead of the previous pass's argmax: the stream then differs."""
+    engine = engine_at(pairs["scatter-float32", "static"], 1)
+    run = TargetPass.run
+    fed: list = []
+
+    def stale(self, tokens, start, cells, admitted, controls, *, drafts=None):
+        if drafts is not None and not tokens:
+            fed.append(drafts)
+            drafts = fed[-2] if len(fed) > 1 else drafts
+        return run(self, tokens, start, cells, admitted, controls, drafts=drafts)
+
+    monkeypatch.setattr(TargetPass, "run", stale)
+    planted = engine.generate(PROMPT, max_new_tokens=NEW, stop_on_eos=False)
+    assert len(fed) == NEW - 2 and planted.token_ids != reference
