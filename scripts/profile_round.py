@@ -1,5 +1,6 @@
 """Where a decode's host time goes: cProfile over ``speculant generate``-style decodes of a
-package (greedy, and chained at one k), the functions sorted by their own time.
+package (greedy, chained and prompt lookup at one k), the functions sorted by their own time,
+then speculant's own sorted by cumulative time (where a round's host time goes, by caller).
 
     python scripts/profile_round.py PACKAGE --device cuda --k 4 --prompts docs/benchmarks/val8-prompts.json
 """
@@ -28,10 +29,10 @@ def main() -> None:
     prompts = json.load(open(args.prompts))
     prompts = [engine.tokenizer.encode(p) if isinstance(p, str) else p for p in prompts]
     k = args.k if args.k == "auto" else int(args.k)
-    for mode in ("greedy", "chained"):
+    for mode in ("greedy", "chained", "prompt_lookup"):
         options = dict(max_new_tokens=args.new_tokens, stop_on_eos=False)
-        if mode == "chained":
-            options.update(proposer="chained", k=k)
+        if mode != "greedy":
+            options.update(proposer=mode, k=k)
         for prompt in prompts[:2]:  # warm: plans, graphs, kernels
             engine.generate(prompt, **options)
         profile = cProfile.Profile()
@@ -44,6 +45,7 @@ def main() -> None:
         print(f"== {mode}{'' if mode == 'greedy' else f' k={k}'}: {tokens} tokens, "
               f"{tokens / seconds:.0f} tok/s under the profiler")
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+        pstats.Stats(profile).sort_stats("cumulative").print_stats("speculant/", args.top)
 
 
 if __name__ == "__main__":

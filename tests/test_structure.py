@@ -134,7 +134,9 @@ LAYERS = {
 }
 # The line budget of the runtime (src/speculant, the served API included): a ceiling, written
 # down so growth is a decision. Tools and bench have their own homes and no budget here.
-RUNTIME_LINE_BUDGET = 11_000
+# 11,000 -> 11,250 (2026-12-02): greedy passes queued ahead of the host, their read-back on a
+# reader stream and event-timed observed passes (issue 12's overhead goal), ~110 lines.
+RUNTIME_LINE_BUDGET = 11_250
 MODULE_LINE_LIMIT = 500
 
 

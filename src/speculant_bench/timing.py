@@ -10,6 +10,7 @@ over the cache a prefill left
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class InvokeClock:
         self.calls: dict[str, list[Invocation]] = {name: [] for name in self.sessions}
 
     def __enter__(self) -> InvokeClock:
-        self._observers = {name: self.calls[name].append for name in self.sessions}
+        self._observers = {name: self._recorder(self.calls[name]) for name in self.sessions}
         for name, session in self.sessions.items():
             session.observers.append(self._observers[name])
         return self
@@ -51,6 +52,12 @@ class InvokeClock:
     def __exit__(self, *exc_info: object) -> None:
         for name, session in self.sessions.items():
             session.observers.remove(self._observers[name])
+
+    @staticmethod
+    def _recorder(calls: list[Invocation]) -> Callable[[Invocation], None]:
+        def record(call: Invocation) -> None:
+            calls.append(dataclasses.replace(call, inputs={}))  # no request's buffers kept
+        return record
 
     def reset(self) -> None:
         for calls in self.calls.values():

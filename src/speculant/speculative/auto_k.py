@@ -53,7 +53,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from speculant.session.session import Invocation, Observer
 from speculant.speculative.proposal import Proposal, Proposer
@@ -181,7 +181,9 @@ class WidthCosts:
         def observe(call: Invocation) -> None:
             value = call.inputs.get(token_port) if token_port is not None else None
             width = int(value.shape[-1]) if value is not None and value.rank else 0
-            self.unsettled.append((width if 0 < width <= max_width else 0, call))
+            # kept without its inputs (a request's own buffers must not outlive it)
+            self.unsettled.append((width if 0 < width <= max_width else 0,
+                                   replace(call, inputs={})))
             if len(self.unsettled) > UNSETTLED_MAX:  # greedy decodes never ask: bounded
                 self.settle(keep=2)  # the older ones finished long ago
 
