@@ -11,7 +11,7 @@ import speculant
 from builders import greedy_stream, speculative_trace, write_decoder_package
 from builders.trace import prompt_lookup_drafts
 from speculant.errors import RequestError
-from speculant.speculative.prompt_lookup import lookup_drafts
+from speculant.speculative.prompt_lookup import NgramIndex, lookup_drafts
 
 WIDTHS = (1, 2, 4, 8)
 BOUND = 8
@@ -62,6 +62,22 @@ def test_lookup_agrees_with_the_reference_on_random_streams():
         stream = rng.integers(0, 4, size=int(rng.integers(1, 30))).tolist()
         k = int(rng.integers(1, 9))
         assert lookup_drafts(stream, k) == prompt_lookup_drafts(stream, k), stream
+
+
+@pytest.mark.parametrize("ngram_range", [(1, 3), (2, 2), (1, 5)])
+def test_the_growing_index_answers_as_a_fresh_search_of_the_whole_stream(ngram_range):
+    """One index per request, fed a stream that grows by 1-5 tokens a round (as commits
+    grow it): at every length its drafts are the reference's over the whole stream."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    n_min, n_max = ngram_range
+    for _ in range(40):
+        index, stream = NgramIndex(n_min, n_max), rng.integers(0, 5, size=3).tolist()
+        while len(stream) < 60:
+            k = int(rng.integers(0, 9))
+            assert index.drafts(stream, k) == prompt_lookup_drafts(stream, k, n_max, n_min)
+            stream += rng.integers(0, 5, size=int(rng.integers(1, 6))).tolist()
 
 
 # -- end to end ----------------------------------------------------------------------------------

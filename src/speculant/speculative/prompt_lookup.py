@@ -8,41 +8,57 @@ the target's state groups (checked at admission).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-import numpy as np
 
 from speculant.speculative.proposal import Proposal
 from speculant.workflow.state import DecodeState
 
 
-def lookup_drafts(stream: Sequence[int], k: int, n_max: int = 3, n_min: int = 1) -> list[int]:
-    """Up to ``k`` tokens that followed the most recent earlier occurrence of the stream's
-    last ``n`` tokens, trying ``n = n_max … n_min``; ``[]`` when no n-gram recurs.
+class NgramIndex:
+    """The latest start of every n-gram of a growing stream, ``n_min <= n <= n_max``, among
+    the occurrences that end before the stream's last token; each query indexes only the
+    tokens appended since the last (a request's stream only grows), so a round costs
+    O(new tokens · n_max), not a scan of the context."""
 
-    The final n-gram itself (ending at the last token) is excluded, so an occurrence starts
-    at most at ``len(stream) − n − 1`` and at least one token follows it; occurrences may
-    overlap the final n-gram. ``stream`` is ``x[0..L)``, the pending token last.
-    """
-    tokens = np.asarray(stream, dtype=np.int64)  # [L]
-    length = len(tokens)
-    if k < 1:
+    def __init__(self, n_min: int = 1, n_max: int = 3) -> None:
+        self.n_min, self.n_max = n_min, n_max
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {}  # n -> n-gram -> start
+        self.length = 0  # the stream length indexed for
+
+    def drafts(self, stream: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the most recent earlier occurrence of the
+        stream's last ``n`` tokens, trying ``n = n_max … n_min``; ``[]`` when none recurs.
+
+        The final n-gram itself (ending at the last token) is excluded, so an occurrence
+        starts at most at ``len(stream) − n − 1`` and at least one token follows it;
+        occurrences may overlap the final n-gram. ``stream`` is ``x[0..L)``, pending last.
+        """
+        length = len(stream)
+        if length < self.length:  # another stream: start over
+            self.latest, self.length = {}, 0
+        for n in range(self.n_min, self.n_max + 1):  # starts s with s + n <= L - 1
+            latest = self.latest.setdefault(n, {})
+            for start in range(max(self.length - n, 0), length - n):
+                latest[tuple(stream[start:start + n])] = start
+        self.length = length
+        if k < 1:
+            return []
+        for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
+            start = self.latest[n].get(tuple(stream[length - n:]))
+            if start is not None:  # the tokens after the most recent occurrence
+                return [int(t) for t in stream[start + n:start + n + k]]
         return []
-    for n in range(min(n_max, length - 1), n_min - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # [L - n, n]
-        hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))  # start indices
-        if hits.size:
-            start = int(hits[-1]) + n  # the tokens after the most recent occurrence
-            return [int(t) for t in tokens[start:start + k]]
-    return []
 
 
-@dataclass(frozen=True)
+def lookup_drafts(stream: Sequence[int], k: int, n_max: int = 3, n_min: int = 1) -> list[int]:
+    """:meth:`NgramIndex.drafts` of a fresh index: the rule on one stream."""
+    return NgramIndex(n_min, n_max).drafts(stream, k)
+
+
 class PromptLookupProposer:
-    """Drafts by :func:`lookup_drafts` over the stream ``x[0..L)``."""
+    """Drafts by an :class:`NgramIndex` of the stream ``x[0..L)`` (one per request)."""
 
-    n_min: int = 1
-    n_max: int = 3
+    def __init__(self, n_min: int = 1, n_max: int = 3) -> None:
+        self.index = NgramIndex(n_min, n_max)
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
-        return Proposal(lookup_drafts(state.tokens, k, self.n_max, self.n_min))
+        return Proposal(self.index.drafts(state.tokens, k))
