@@ -22,11 +22,12 @@ from speculant.package.package import Package
 from speculant.session.graphs import decide
 from speculant.session.session import ComponentSession
 from speculant.speculative.auto_k import WidthCosts
-from speculant.speculative.chain_graph import step_component
+from speculant.speculative.chain_graph import chain_component, step_component
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
 from speculant.speculative.proposal import Proposer
+from speculant.tensors import HOST
 from speculant.tensors.devices import make_seam, residency_for_device
 from speculant.text.chat import ChatTemplate, load_chat_template
 from speculant.text.tokenizer import tokenizer_for
@@ -76,12 +77,28 @@ class Engine:
         elif plan.proposer is not None:
             components[plan.proposer] = (package.model_source(plan.proposer),
                                          wf.components[plan.proposer].ports)
-        self.sessions = {
-            name: ComponentSession(name, source, ports, self.device, self.seam,
-                                   use_tf32=use_tf32, outputs_on_host=outputs_on_host,
-                                   artifact=str(package.artifacts[name]), threads=threads,
-                                   cuda_graphs=graphs, overlap=overlap)
-            for name, (source, ports) in components.items()}
+        def session(name: str, source: bytes | str, ports, artifact: str) -> ComponentSession:
+            return ComponentSession(name, source, ports, self.device, self.seam,
+                                    use_tf32=use_tf32, outputs_on_host=outputs_on_host,
+                                    artifact=artifact, threads=threads, cuda_graphs=graphs,
+                                    overlap=overlap)
+
+        self.sessions = {name: session(name, source, ports, str(package.artifacts[name]))
+                         for name, (source, ports) in components.items()}
+
+        def chain_session(depth: int) -> ComponentSession | None:
+            """The chain unrolled ``depth`` steps (one run per proposal: a device's launches
+            cost more than a step's work), reporting to the step session's observers."""
+            unrolled = chain_component(step, depth, plan.chain.carry_output)
+            if unrolled is None:
+                return None
+            made = session(f"{plan.proposer}.chain{depth}", unrolled.source, unrolled.ports,
+                           str(package.artifacts[plan.proposer]))
+            made.observers = self.sessions[plan.proposer].observers  # the same list
+            return made
+
+        self.chain_session = chain_session
+
         self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
                                  outputs_on_host=outputs_on_host, threads=threads,
                                  cuda_graphs=decide(cuda_graphs, self.device,
@@ -94,8 +111,10 @@ class Engine:
                                      for name, session in described.items())
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])
         self.vocab_size = package.logits_width
-        self.proposer = (ChainedProposer(package, self.sessions[plan.proposer], self.seam)
-                         if plan.chain is not None and plan.proposer else None)
+        self.proposer = (ChainedProposer(
+            package, self.sessions[plan.proposer], self.seam,
+            chain_session if self.device != HOST and not outputs_on_host else None)
+            if plan.chain is not None and plan.proposer else None)
         self.tokenizer = tokenizer_for(package)  # with its load-time checks
         self.static_pool = StaticPool()  # static caches and their plans, kept across requests
         self.chat_template: ChatTemplate | None = load_chat_template(package.tokenizer_file)

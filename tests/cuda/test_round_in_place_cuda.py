@@ -137,3 +137,19 @@ def test_the_small_writes_match_the_host(dtype):
         seam.write_arange(device_buffer, 1000)
         host.write_arange(host_buffer, 1000)
         assert seam.adopt(device_buffer, "host").data.tolist() == host_buffer.data.tolist()
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_a_greedy_chained_proposal_on_the_device_is_one_replay(pairs, k):
+    """On CUDA the chain runs unrolled (chain_graph.chain_component): one captured run per
+    proposal, the step session only for its checked run; greedy's tokens."""
+    greedy = speculant.load(pairs["appended"], device="cuda").generate(
+        PROMPT, 40, stop_on_eos=False).token_ids
+    engine = speculant.load(pairs["static"], device="cuda")
+    assert engine.proposer.chain_session is not None
+    result = engine.generate(PROMPT, 40, speculative=True, k=k, stop_on_eos=False)
+    assert result.token_ids == greedy
+    chains = engine.proposer._chain_sessions
+    assert chains and all(session.graphs.is_enabled for session in chains.values())
+    assert sum(s.num_invocations for s in chains.values()) == result.stats.rounds
+    assert engine.sessions[engine.package.plan.proposer].num_invocations == 1

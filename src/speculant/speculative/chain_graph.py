@@ -40,6 +40,8 @@ TABLE = "speculant.chain.table"  # [V_E, W_E] currency: the scaled table
 TOKEN = "speculant.chain.token"  # [1] int32: the token whose successor the step predicts
 CARRY = "speculant.chain.carry"  # [1, ..., 1, W_C] currency: the carry the step is fed
 NEXT = "speculant.chain.next_token"  # [1] int32: argmax of the step's last score row
+TOKENS = "speculant.chain.tokens"  # [2] int32: s and p, the unrolled chain's first tokens
+DRAFTS = "speculant.chain.drafts"  # [D - 1] int32: the unrolled chain's drafts
 
 _PREFIX = "speculant.chain."
 
@@ -166,3 +168,57 @@ def _rank_of(graph: onnx.GraphProto, output: str, ports: Ports) -> int:
 
 def _int64(value: object) -> np.ndarray:
     return np.asarray(value, dtype=np.int64)
+
+
+def chain_component(step: StepComponent, depth: int, carry_output: str) -> StepComponent | None:
+    """The step graph unrolled ``depth`` (>= 2) times: one run of the whole proposal.
+
+    Step ``j``'s nodes are the step graph's, their values prefixed ``speculant.chain.s{j}/``
+    (the inputs other than ``TOKEN`` and ``CARRY``, and the initializers, are shared: every
+    step reads the same borrowed caches, length and table). Step 0 is fed ``TOKENS[0]`` (s)
+    and ``CARRY``, step 1 ``TOKENS[1]`` (p), step ``j >= 2`` step ``j − 1``'s ``NEXT``; each
+    step's carry output is the next step's carry, as ``chain_steps.py`` binds them. Output:
+    ``DRAFTS = Concat(NEXT_1 … NEXT_{D−1})``. None where a node holds a subgraph (its outer
+    names would need renaming inside it): the chain then runs step by step.
+    """
+    model = onnx.load_from_string(step.source)
+    graph = model.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for node in graph.node for a in node.attribute):
+        return None
+    shared = {i.name for i in graph.input if i.name not in (TOKEN, CARRY)}
+    shared.update(i.name for i in graph.initializer)
+    graph.initializer.extend(numpy_helper.from_array(_int64([j]), f"{_PREFIX}at{j}")
+                             for j in (0, 1))
+    nodes = [helper.make_node("Gather", [TOKENS, f"{_PREFIX}at{j}"], [f"{_PREFIX}token{j}"],
+                              axis=0) for j in (0, 1)]
+    token, carry = f"{_PREFIX}token0", CARRY
+    for j in range(depth):
+        prefix = f"{_PREFIX}s{j}/"
+        fed = {TOKEN: token, CARRY: carry}  # what this step reads in place of its inputs
+        for node in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = prefix + node.name if node.name else ""
+            for values in (copy.input, copy.output):
+                values[:] = [name if not name or name in shared else
+                             fed.get(name, prefix + name) for name in values]
+            nodes.append(copy)
+        token = f"{_PREFIX}token1" if j == 0 else prefix + NEXT
+        carry = prefix + carry_output
+    nodes.append(helper.make_node("Concat", [f"{_PREFIX}s{j}/{NEXT}" for j in range(1, depth)],
+                                  [DRAFTS], axis=0))
+    del graph.value_info[:]
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info(DRAFTS, TensorProto.INT32, [depth - 1]))
+    kept = [i for i in graph.input if i.name not in (TOKEN, CARRY)]
+    carry_input = next(i for i in graph.input if i.name == CARRY)
+    del graph.input[:]
+    graph.input.extend([*kept, helper.make_tensor_value_info(TOKENS, TensorProto.INT32, [2]),
+                        carry_input])
+    del graph.node[:]
+    graph.node.extend(nodes)
+    inputs = {port: c for port, c in step.ports.inputs.items() if port != TOKEN}
+    inputs[TOKENS] = TensorContract(dtype="int32", rank=1, shape=[2])
+    outputs = {DRAFTS: TensorContract(dtype="int32", rank=1, shape=[depth - 1])}
+    return StepComponent(model.SerializeToString(), Ports(inputs=inputs, outputs=outputs))

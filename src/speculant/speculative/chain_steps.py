@@ -15,13 +15,17 @@ after one checked run of the step graph::
 ``K`` is the package's bound on k. A proposal writes ``ids[0:2]``, ``carries[0]`` and the
 shared inputs, then runs plans ``0 … k``; its drafts are ``ids[2 : k + 2]``, where they were
 made. On CUDA each plan is a CUDA graph of its own (``K + 1`` per capacity).
+
+Where the chain runs unrolled (a device: ``chain_graph.chain_component``), a proposal of
+width ``k`` is one run instead: the plan of depth ``k + 1`` reads ``ids[0:2]`` and
+``carries[0]`` and writes its drafts into ``ids[2 : k + 2]`` (:meth:`ChainSteps.chain_plan`).
 """
 
 from __future__ import annotations
 
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
-from speculant.speculative.chain_graph import CARRY, NEXT, TOKEN
+from speculant.speculative.chain_graph import CARRY, DRAFTS, NEXT, TOKEN, TOKENS
 from speculant.tensors import Value
 
 
@@ -43,6 +47,18 @@ class ChainSteps:
                             for port, value in produced.items()
                             if port not in (NEXT, carry_output)}
         self.plans: list[PassPlan] = []
+        self.chains: dict[int, PassPlan] = {}  # depth -> the unrolled chain's plan
+
+    def chain_plan(self, depth: int, session: ComponentSession) -> PassPlan:
+        """The plan of the unrolled chain of ``depth`` steps on ``session``, made on first
+        use: the shared inputs, ``ids[0:2]`` and ``carries[0]`` in, ``ids[2 : depth + 1]``
+        out."""
+        if depth not in self.chains:
+            rows = self.session.seam.owned_rows
+            inputs = {**self.shared, TOKENS: rows(self.ids, 0, 2),
+                      CARRY: rows(self.carries, 0, 1, squeeze=True)}
+            self.chains[depth] = PassPlan(session, inputs, {DRAFTS: rows(self.ids, 2, depth - 1)})
+        return self.chains[depth]
 
     def plan(self, j: int) -> PassPlan:
         """Step ``j``'s plan, made on first use."""

@@ -7,6 +7,8 @@ they stand after rollback; only the drafted token ids cross to the host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -52,13 +54,18 @@ def read_scaled_table(package: Package, chain: ChainPlan) -> np.ndarray:
 class ChainedProposer:
     """Drafts ``k_r`` tokens per round from the chain context of the decode state."""
 
-    def __init__(self, package: Package, session: ComponentSession, seam: TensorSeam) -> None:
-        """``session`` runs the proposer's step graph (``chain_graph.step_component``)."""
+    def __init__(self, package: Package, session: ComponentSession, seam: TensorSeam,
+                 chain_session: Callable[[int], ComponentSession | None] | None = None) -> None:
+        """``session`` runs the proposer's step graph (``chain_graph.step_component``);
+        ``chain_session(depth)`` makes the session of the chain unrolled ``depth`` steps
+        (None, or returning None: step by step), used greedy on static caches."""
         assert package.plan.chain is not None
         self.package = package
         self.chain = package.plan.chain
         self.session = session
         self.seam = seam
+        self.chain_session = chain_session
+        self._chain_sessions: dict[int, ComponentSession | None] = {}  # depth -> session
         self.max_k = package.plan.rollback_bound or 0  # the chain's bound on k (admission)
         # The chain residency: where the proposer's outputs are produced (its execution device,
         # or the host in the host-staged parity configuration).
@@ -137,6 +144,10 @@ class ChainedProposer:
             seam.write_ints(steps.ids, [last, state.pending])
             seam.scatter_into_last_axis(seam.owned_rows(steps.carries, 0, 1, squeeze=True),
                                         carry_0, 0)
+        unrolled = self._unrolled(k + 1) if state.sampler is None else None
+        if unrolled is not None:  # the whole proposal, one run
+            steps.chain_plan(k + 1, unrolled).run()
+            return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
         drafts: list[int] = []
         probs: list[Value] = []
         for j in range(k + 1):
@@ -150,6 +161,14 @@ class ChainedProposer:
         if state.sampler is None:
             return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
         return Proposal(drafts, probs, num_invocations=k + 1, num_scored_rows=k)
+
+    def _unrolled(self, depth: int) -> ComponentSession | None:
+        """The session of the chain unrolled ``depth`` steps, made once (None: stepwise)."""
+        if self.chain_session is None:
+            return None
+        if depth not in self._chain_sessions:
+            self._chain_sessions[depth] = self.chain_session(depth)
+        return self._chain_sessions[depth]
 
     def _steps(self, state: DecodeState, last: int, carry_0: Value) -> ChainSteps:
         """The step plans of a static buffer set, after one checked run of the step graph:
