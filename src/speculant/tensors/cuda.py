@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import math
 import weakref
 from collections.abc import Iterator, Sequence
@@ -47,7 +46,6 @@ from typing import Any
 import numpy as np
 
 from speculant.errors import ContractError, ResidencyError
-from speculant.tensors import sampling as sampling_math
 from speculant.tensors.backend import INSTALL_CUDA, ResidencyCounters
 from speculant.tensors.cuda_kernels import (
     ARGMAX_THREADS,
@@ -55,8 +53,9 @@ from speculant.tensors.cuda_kernels import (
     first_argmax_rows,
     write_ints_kernel,
 )
-from speculant.tensors.sampling import Sampling, widen_bfloat16
-from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
+from speculant.tensors.cuda_sampling import CudaSampling
+from speculant.tensors.sampling import widen_bfloat16
+from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, cuda_ordinal, window_is_view
 
 ORDERINGS = ("shared_stream", "fence")
 
@@ -78,16 +77,6 @@ def in_seam_download() -> bool:
 def storage_dtype(dtype: str) -> np.dtype:
     """The CuPy storage dtype of a metadata dtype (bfloat16 as uint16 words)."""
     return np.dtype(np.uint16) if dtype == "bfloat16" else NUMPY_DTYPES[dtype]
-
-
-@functools.lru_cache(maxsize=64)
-def cuda_ordinal(residency: str) -> int:
-    """``N`` of ``cuda:N`` (parsed once per string: the hot path asks for it per operation)."""
-    kind, _, ordinal = residency.partition(":")
-    if kind != "cuda" or not ordinal.isdigit():
-        raise ContractError(f"residency {residency!r} is not a CUDA residency",
-                            value=residency, expected="'cuda:N'")
-    return int(ordinal)
 
 
 def import_cupy(residency: str = "cuda") -> ModuleType:
@@ -126,7 +115,7 @@ def _release(counters: ResidencyCounters, num_bytes: int) -> None:
     counters.live_device_bytes -= num_bytes
 
 
-class CudaBackend:
+class CudaBackend(CudaSampling):
     """CuPy implementations of the seam operations for ``cuda:N`` values.
 
     ``ordinal`` is the device this runtime executes on (its stream is created at once);
@@ -361,53 +350,6 @@ class CudaBackend:
             first_argmax_rows(cp, score_type)((rows.shape[0],), (ARGMAX_THREADS,), (
                 wide, np.int32(rows.shape[0]), np.int32(width), out))
         return Value(out, x.residency, "int32", owned=True, kind="token_ids")
-
-    # -- sampling: tensors/sampling.py over CuPy, as the host runs it over numpy; the
-    # uniforms are uploaded (a few bytes), only ids and a are read back ---------------------
-    def _wide_rows(self, x: Value) -> Any:
-        """``x`` as [R, V] float64 rows, widened exactly (call under ``_on``)."""
-        cp = self._cp
-        rows = x.data.reshape(-1, x.shape[-1])  # [R, V] storage dtype
-        if x.dtype == "bfloat16":
-            rows = widen_bfloat16(cp, rows)  # [R, V] float32
-        return rows.astype(cp.float64)
-
-    def _owned(self, ordinal: int, array: Any, dtype: np.dtype) -> Any:
-        """``array`` copied into a counted buffer of ``dtype`` (call under ``_on``)."""
-        out = self._allocate(ordinal, array.shape, np.dtype(dtype))
-        self._cp.copyto(out, array.astype(dtype))
-        return out
-
-    def distribution(self, x: Value, sampling: Sampling) -> Value:
-        ordinal = cuda_ordinal(x.residency)
-        with self._on(ordinal):
-            probs = sampling_math.distribution_rows(self._cp, self._wide_rows(x), sampling)
-            out = self._owned(ordinal, probs, np.dtype(np.float32))  # [R, V] float32
-        return Value(out, x.residency, "float32", owned=True)
-
-    def sample(self, probs: Value, uniforms: Sequence[float]) -> Value:
-        cp = self._cp
-        ordinal = cuda_ordinal(probs.residency)
-        with self._on(ordinal):
-            u = cp.asarray(np.asarray(uniforms, np.float64))  # [R] uploaded
-            ids = sampling_math.sample_rows(cp, probs.data.reshape(-1, probs.shape[-1]), u)
-            out = self._owned(ordinal, ids, np.dtype(np.int32))  # [R] int32
-        return Value(out, probs.residency, "int32", owned=True, kind="token_ids")
-
-    def rejection(self, p: Value, q: Sequence[Value] | None, drafts: Sequence[int],
-                  uniforms: Sequence[float]) -> Value:
-        cp = self._cp
-        ordinal = cuda_ordinal(p.residency)
-        width = p.shape[-1]
-        with self._on(ordinal):
-            q_rows = None if q is None else cp.concatenate(
-                [v.data.reshape(-1, v.shape[-1]) for v in q])[None]  # [1, k, V_q] float32
-            d = cp.asarray(np.asarray(list(drafts), np.int64).reshape(1, len(drafts)))
-            u = cp.asarray(np.asarray([list(uniforms)], np.float64))  # [1, k + 1]
-            a, token = sampling_math.rejection_sample(cp, p.data.reshape(1, -1, width), q_rows,
-                                                      d, u)
-            out = self._owned(ordinal, cp.concatenate([a, token]), np.dtype(np.int32))  # [2]
-        return Value(out, p.residency, "int32", owned=True, kind="token_ids")
 
     # -- crossings (the seam counts them) ----------------------------------------------------
     def synchronize(self, residency: str) -> None:

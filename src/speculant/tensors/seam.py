@@ -23,7 +23,7 @@ import numpy as np
 from speculant.errors import ContractError, ResidencyError
 from speculant.tensors.backend import INSTALL_CUDA, Backend, ResidencyCounters
 from speculant.tensors.host import HostBackend
-from speculant.tensors.sampling import Sampling
+from speculant.tensors.seam_sampling import SamplingOps
 from speculant.tensors.value import FLOAT_DTYPES, HOST, NUMPY_DTYPES, Value
 
 INT_IDS = ("int32", "int64")  # the dtypes a pass's token ids, positions and lengths take
@@ -47,7 +47,7 @@ def _operands(operands: Sequence[Operand]) -> str:
                      for role, what in operands)
 
 
-class TensorSeam:
+class TensorSeam(SamplingOps):
     """The seam over the host backend and the device backends it is built with."""
 
     def __init__(self, device_backends: Mapping[str, Backend] | None = None) -> None:
@@ -333,90 +333,6 @@ class TensorSeam:
         if x.size == 0:
             return self._empty((0,), "int32", "token_ids")
         return self.backend_for("argmax_rows", x, "scores").argmax(x)
-
-    # -- sampling: rows stay where they are, only ids come back ---------------------------
-    def distribution_rows(self, scores: Value, sampling: Sampling) -> Value:
-        """``T(row)`` of every score row of ``scores`` [..., V]: [R, V] float32
-        probabilities, computed where the scores live (the math: tensors/sampling.py)."""
-        if scores.dtype not in FLOAT_DTYPES:
-            raise ContractError(f"distribution_rows: scores must be float32, float16 or "
-                                f"bfloat16, got {scores.describe()}", value=scores.dtype,
-                                expected="a float dtype")
-        if scores.rank == 0 or scores.shape[-1] == 0:
-            raise ContractError(f"distribution_rows: score rows of width 0 in "
-                                f"{scores.describe()}", value=scores.shape,
-                                expected="last extent >= 1")
-        if not sampling.temperature > 0:
-            raise ContractError(f"distribution_rows: temperature {sampling.temperature} is not "
-                                "> 0 (temperature 0 is greedy: use argmax_rows)",
-                                value=sampling.temperature, expected="> 0")
-        if scores.size == 0:
-            return self._empty((0, scores.shape[-1]), "float32")
-        return self.backend_for("distribution_rows", scores, "scores").distribution(
-            scores, sampling)
-
-    def sample_rows(self, probs: Value, uniforms: Sequence[float]) -> Value:
-        """One token id per row of ``probs`` [R, V] float32, by inverse CDF with the host
-        uniforms ``u_r`` in [0, 1): [R] int32 token ids, where ``probs`` lives."""
-        self._check_probs("sample_rows", probs, "probabilities")
-        self._check_uniforms("sample_rows", uniforms, probs.shape[0])
-        if probs.shape[0] == 0:
-            return self._empty((0,), "int32", "token_ids")
-        return self.backend_for("sample_rows", probs, "probabilities").sample(probs, uniforms)
-
-    def rejection_sample(self, p: Value, q: Sequence[Value] | None, drafts: Sequence[int],
-                         uniforms: Sequence[float]) -> Value:
-        """Speculative rejection sampling of one round.
-
-        ``p`` [k + 1, V] float32: the target's distributions for block positions 1 … k + 1;
-        ``q``: the rows [r, V_q] float32 (together k, one width ``V_q <= V``) the drafts were
-        drawn from, or None for deterministic drafts (``V_q < V``: a subset proposer
-        vocabulary, ``q = 0`` on ids ``>= V_q``); ``drafts``: the k draft ids (``< V_q``);
-        ``uniforms``: k acceptance uniforms, then the uniform of the correction or bonus.
-        Returns [2] int32 token ids, ``[a, token]``, where ``p`` lives: 8 bytes to read back.
-        """
-        op = "rejection_sample"
-        self._check_probs(op, p, "p")
-        k = len(drafts)
-        if p.shape[0] != k + 1:
-            raise ContractError(f"{op}: p has {p.shape[0]} rows for {k} drafts",
-                                value=p.shape, expected=f"{k + 1} rows")
-        width = q_width = p.shape[1]
-        if q is not None:
-            q_width = q[0].shape[-1] if q else width
-            for row in q:
-                self._check_probs(op, row, "q")
-                self._same_residency(op, p, row, "p", "q")
-                if row.shape[1] != q_width or q_width > width:
-                    raise ContractError(f"{op}: q {row.describe()} is not {q_width} wide like "
-                                        f"the first q row, or is wider than p {p.describe()}",
-                                        value=row.shape,
-                                        expected=f"one width <= {width} for every q row")
-            if sum(row.shape[0] for row in q) != k:
-                raise ContractError(f"{op}: q has {sum(r.shape[0] for r in q)} rows for {k} "
-                                    "drafts", expected=f"{k} rows")
-        bad = [d for d in drafts if not 0 <= operator.index(d) < q_width]  # drawn from q
-        if bad:
-            raise ContractError(f"{op}: draft ids {bad} outside [0, {q_width})", value=bad,
-                                expected=f"0 <= id < {q_width}")
-        self._check_uniforms(op, uniforms, k + 1)
-        q = q if k else None  # no drafts: nothing was drawn from any q
-        return self.backend_for(op, p, "p").rejection(p, q, [int(d) for d in drafts],
-                                                      [float(u) for u in uniforms])
-
-    @staticmethod
-    def _check_probs(op: str, probs: Value, role: str) -> None:
-        if probs.dtype != "float32" or probs.rank != 2 or probs.shape[1] == 0:
-            raise ContractError(f"{op}: {role} must be [R, V] float32 probability rows "
-                                f"(from distribution_rows), got {probs.describe()}",
-                                value=probs.shape, expected="[R, V] float32, V >= 1")
-
-    @staticmethod
-    def _check_uniforms(op: str, uniforms: Sequence[float], count: int) -> None:
-        if len(uniforms) != count or not all(0.0 <= float(u) < 1.0 for u in uniforms):
-            raise ContractError(f"{op}: needs {count} uniforms in [0, 1), got "
-                                f"{list(uniforms)!r}", value=len(uniforms),
-                                expected=f"{count} floats in [0, 1)")
 
     def adopt(self, v: Value, residency: str) -> Value:
         _check_residency("adopt", residency)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any, Literal
 import numpy as np
 
 from speculant.dtypes import DTYPES, NUMPY_DTYPES
+from speculant.errors import ContractError
 
 HOST = "host"
 FLOAT_DTYPES = tuple(name for name in NUMPY_DTYPES if DTYPES[name].is_float)
@@ -82,3 +84,13 @@ class Value:
         """Wrap a host array (made C-contiguous) as a host value."""
         array = np.asarray(array, order="C")
         return cls(array, HOST, dtype or dtype_of_numpy(array.dtype), owned=owned)
+
+
+@functools.lru_cache(maxsize=64)
+def cuda_ordinal(residency: str) -> int:
+    """``N`` of ``cuda:N`` (parsed once per string: the hot path asks for it per operation)."""
+    kind, _, ordinal = residency.partition(":")
+    if kind != "cuda" or not ordinal.isdigit():
+        raise ContractError(f"residency {residency!r} is not a CUDA residency",
+                            value=residency, expected="'cuda:N'")
+    return int(ordinal)
