@@ -94,17 +94,22 @@ class ChainedProposer:
         on static caches the drafts stay where the chain runs (``Proposal.drafts`` [k] int32,
         each step's argmax the next step's token there: ``chain_steps.py``) and the round
         verifies them in place; otherwise each draft is read back (4 bytes) as it is made."""
+        last, carry_0 = self._chain_context(state)
+        if isinstance(state.cells, StaticCells):
+            return self._propose_planned(state, self._planned(state, state.cells, last, carry_0),
+                                         k)
+        return self._propose_invoked(state, k, last, carry_0)
+
+    def _chain_context(self, state: DecodeState) -> tuple[int, Value]:
+        """``s`` (the last consumed token) and ``carry_0`` [1, 1, W_C] of the decode state."""
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None
-        last = pass_result.tokens[num_kept - 1]  # s: the last consumed token
+        last = pass_result.tokens[num_kept - 1]
         num_rows = self.table.shape[0]
         if not 0 <= last < num_rows:
             raise ChainError(f"token {last} is outside the embedding table's {num_rows} rows",
                              value=last, expected=f"0 <= id < {num_rows}")
-        carry_0 = self._carry_0(pass_result, num_kept)  # [1, 1, W_C] currency
-        if isinstance(state.cells, StaticCells):
-            return self._propose_planned(state, state.cells, k, last, carry_0)
-        return self._propose_invoked(state, k, last, carry_0)
+        return last, self._carry_0(pass_result, num_kept)
 
     def _propose_invoked(self, state: DecodeState, k: int, last: int,
                          carry: Value) -> Proposal:
@@ -130,9 +135,10 @@ class ChainedProposer:
         return Proposal(drafts, probs if state.sampler is not None else None,
                         num_invocations=k + 1, num_scored_rows=k)
 
-    def _propose_planned(self, state: DecodeState, cells: StaticCells, k: int, last: int,
-                         carry_0: Value) -> Proposal:
-        """Static caches: the step plans of these buffers, made on their first proposal."""
+    def _planned(self, state: DecodeState, cells: StaticCells, last: int,
+                 carry_0: Value) -> ChainSteps:
+        """Static caches: the step plans of these buffers (made on their first proposal) with
+        this proposal's inputs written: ``s``, ``p``, ``carry_0`` and the shared inputs."""
         seam = self.seam
         is_new = cells.chain_steps is None
         if is_new:  # its shared inputs are this proposal's already
@@ -144,6 +150,11 @@ class ChainedProposer:
             seam.write_ints(steps.ids, [last, state.pending])
             seam.scatter_into_last_axis(seam.owned_rows(steps.carries, 0, 1, squeeze=True),
                                         carry_0, 0)
+        return steps
+
+    def _propose_planned(self, state: DecodeState, steps: ChainSteps, k: int) -> Proposal:
+        """The drafts of the step plans (one run where the chain runs unrolled)."""
+        seam = self.seam
         unrolled = self._unrolled(k + 1) if state.sampler is None else None
         if unrolled is not None:  # the whole proposal, one run
             steps.chain_plan(k + 1, unrolled).run()
