@@ -145,7 +145,9 @@ def test_a_greedy_chained_proposal_on_the_device_is_one_replay(pairs, k):
     proposal, the step session only for its checked run; greedy's tokens."""
     greedy = speculant.load(pairs["appended"], device="cuda").generate(
         PROMPT, 40, stop_on_eos=False).token_ids
-    engine = speculant.load(pairs["static"], device="cuda")
+    assert speculant.load(pairs["static"], device="cuda").proposer.chain_session is None
+    engine = speculant.Engine(speculant.load(pairs["static"], device="cuda").package, "cuda",
+                              unroll_chain=True)
     assert engine.proposer.chain_session is not None
     result = engine.generate(PROMPT, 40, speculative=True, k=k, stop_on_eos=False)
     assert result.token_ids == greedy
