@@ -192,9 +192,11 @@ class PassPlan:
                 counters.graph_captures += 1
                 self.is_captured = True
         if session.observers:
+            end = backend.mark(session.device) if backend is not None else None
             timer = time.perf_counter() - started if backend is None else functools.partial(
-                backend.seconds_between, begin, backend.mark(session.device))
-            call = Invocation(session.name, self.inputs, tuple(self.outputs), timer)
+                backend.seconds_between, begin, end)
+            ready = None if backend is None else functools.partial(backend.is_done, end)
+            call = Invocation(session.name, self.inputs, tuple(self.outputs), timer, ready)
             for observer in session.observers:
                 observer(call)
         return dict(self.outputs)

@@ -56,6 +56,8 @@ class Invocation:
     inputs: Mapping[str, Value]  # port -> the value bound
     outputs: tuple[str, ...]  # the output ports asked for
     timer: float | Callable[[], float]  # its seconds, or how to ask them (PassPlan.run)
+    # whether asking a timer would not wait now (None: it never waits)
+    ready: Callable[[], bool] | None = None
 
     @property
     def seconds(self) -> float:

@@ -92,6 +92,20 @@ class Backend(Protocol):
         """Write ``start + i`` into flat slot ``i`` of the owned integer ``dst``."""
         ...
 
+    def write_arange_from(self, dst: Value, start: Value, step: int, offset: int) -> None:
+        """Write ``start[0] + offset + step · i`` into flat slot ``i`` of the owned integer
+        ``dst`` (``start`` a device value there: never read by the host)."""
+        ...
+
+    def take_at(self, dst: Value, src: Value, axis: int, index: Value, offset: int) -> None:
+        """Copy position ``index[0] + offset`` (clamped into the extent) of ``src`` on
+        ``axis`` into the owned ``dst`` (validated by the seam)."""
+        ...
+
+    def add_first(self, total: Value, counts: Value) -> None:
+        """``total[0] += counts[0]``."""
+        ...
+
     def write_ids(self, dst: Value, ids: Value, offset: int) -> None:
         """Copy the integer ``ids`` (same residency) into the flat slots ``offset …`` of the
         owned integer ``dst``, converting to its dtype."""
@@ -129,6 +143,10 @@ class Backend(Protocol):
     def mark(self, residency: str) -> Any:
         """A point in the work queued on ``residency`` so far (a device: an event recorded on
         its stream; the host, where work is done when queued: the clock now)."""
+        ...
+
+    def is_done(self, mark: Any) -> bool:
+        """Whether the work before ``mark`` has finished (never waits)."""
         ...
 
     def seconds_between(self, begin: Any, end: Any) -> float:

@@ -47,6 +47,7 @@ import numpy as np
 
 from speculant.errors import ContractError, ResidencyError
 from speculant.tensors.backend import INSTALL_CUDA, ResidencyCounters
+from speculant.tensors.cuda_cursor import CudaCursor
 from speculant.tensors.cuda_kernels import (
     ARGMAX_THREADS,
     accept_greedy_kernel,
@@ -115,7 +116,7 @@ def _release(counters: ResidencyCounters, num_bytes: int) -> None:
     counters.live_device_bytes -= num_bytes
 
 
-class CudaBackend(CudaSampling):
+class CudaBackend(CudaSampling, CudaCursor):
     """CuPy implementations of the seam operations for ``cuda:N`` values.
 
     ``ordinal`` is the device this runtime executes on (its stream is created at once);
@@ -376,6 +377,9 @@ class CudaBackend(CudaSampling):
     def mark(self, residency: str) -> Any:
         with self._on(cuda_ordinal(residency)) as stream:
             return stream.record()  # a cupy.cuda.Event, timing enabled
+
+    def is_done(self, mark: Any) -> bool:
+        return bool(mark.done)  # cudaEventQuery: no wait
 
     def seconds_between(self, begin: Any, end: Any) -> float:
         end.synchronize()

@@ -116,3 +116,46 @@ def write_ints_kernel(cupy: Any, dtype: str, name: str) -> Any:
     block 1 for ``write_ints``; any launch for ``write_arange``)."""
     return _kernel(cupy, f"{name}:{dtype}",
                    _WRITE_INTS_SOURCE.replace("INT", INT_TYPES[dtype]), name)
+
+
+# Writes at positions that live on the device (tensors/seam_cursor.py): the position or the
+# count is read by the kernel, never by the host. ``INT``/``IDX``: integer types of the
+# buffer and of the index; ``ELEM``: an unsigned type of the copied elements' size.
+_CURSOR_SOURCES = {
+    "write_arange_from": r"""
+extern "C" __global__ void write_arange_from(INT* dst, const int size, const IDX* start,
+                                             const long long offset, const long long step) {
+    const long long first = (long long)start[0] + offset;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < size; i += blockDim.x * gridDim.x)
+        dst[i] = (INT)(first + step * i);
+}
+""",
+    "take_at": r"""
+extern "C" __global__ void take_at(const ELEM* src, ELEM* dst, const IDX* index,
+                                   const long long offset, const long long outer,
+                                   const long long extent, const long long inner) {
+    long long at = (long long)index[0] + offset;
+    at = at < 0 ? 0 : (at >= extent ? extent - 1 : at);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < outer * inner;
+         i += (long long)blockDim.x * gridDim.x)
+        dst[i] = src[((i / inner) * extent + at) * inner + i % inner];
+}
+""",
+    "add_first": r"""
+extern "C" __global__ void add_first(INT* total, const IDX* counts) {
+    total[0] += (INT)counts[0];
+}
+""",
+}
+ELEM_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int",
+              8: "unsigned long long"}
+
+
+def cursor_kernel(cupy: Any, name: str, **types: str) -> Any:
+    """The compiled cursor kernel ``name`` with its type names (``INT``, ``IDX``, ``ELEM``)
+    replaced: ``write_arange_from`` and ``take_at`` any launch, ``add_first`` grid 1, block 1."""
+    source = _CURSOR_SOURCES[name]
+    for placeholder, type_name in types.items():
+        source = source.replace(placeholder, type_name)
+    key = ":".join([name, *(f"{k}={v}" for k, v in sorted(types.items()))])
+    return _kernel(cupy, key, source, name)

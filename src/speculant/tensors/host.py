@@ -105,6 +105,18 @@ class HostBackend:
         flat = dst.data.reshape(-1)  # [n] view of dst
         flat[...] = np.arange(start, start + flat.size, dtype=flat.dtype)
 
+    def write_arange_from(self, dst: Value, start: Value, step: int, offset: int) -> None:
+        flat = dst.data.reshape(-1)  # [n] view of dst
+        first = int(start.data.reshape(-1)[0]) + offset
+        flat[...] = first + step * np.arange(flat.size, dtype=flat.dtype)
+
+    def take_at(self, dst: Value, src: Value, axis: int, index: Value, offset: int) -> None:
+        at = min(max(int(index.data.reshape(-1)[0]) + offset, 0), src.shape[axis] - 1)
+        dst.data.reshape(-1)[...] = np.take(src.data, at, axis=axis).reshape(-1)
+
+    def add_first(self, total: Value, counts: Value) -> None:
+        total.data.reshape(-1)[0] += counts.data.reshape(-1)[0]
+
     def write_ids(self, dst: Value, ids: Value, offset: int) -> None:
         dst.data.reshape(-1)[offset:offset + ids.size] = ids.data.reshape(-1)
 
@@ -145,6 +157,9 @@ class HostBackend:
 
     def mark(self, residency: str) -> float:
         return time.perf_counter()
+
+    def is_done(self, mark: float) -> bool:
+        return True  # the host's work is done when its call returns
 
     def seconds_between(self, begin: float, end: float) -> float:
         return end - begin

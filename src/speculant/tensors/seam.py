@@ -23,6 +23,7 @@ import numpy as np
 from speculant.errors import ContractError, ResidencyError
 from speculant.tensors.backend import INSTALL_CUDA, Backend, ResidencyCounters
 from speculant.tensors.host import HostBackend
+from speculant.tensors.seam_cursor import CursorOps
 from speculant.tensors.seam_sampling import SamplingOps
 from speculant.tensors.value import FLOAT_DTYPES, HOST, NUMPY_DTYPES, Value
 
@@ -47,7 +48,7 @@ def _operands(operands: Sequence[Operand]) -> str:
                      for role, what in operands)
 
 
-class TensorSeam(SamplingOps):
+class TensorSeam(SamplingOps, CursorOps):
     """The seam over the host backend and the device backends it is built with."""
 
     def __init__(self, device_backends: Mapping[str, Backend] | None = None) -> None:
