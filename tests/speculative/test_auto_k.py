@@ -194,6 +194,55 @@ def test_the_verify_observer_asks_no_time_of_the_latest_passes_and_stays_bounded
     assert asked == list(range(UNSETTLED_MAX - 1)) and len(costs.unsettled) == 2
 
 
+def test_settling_stops_at_the_first_pass_still_running():
+    """Rounds queued on a device keep passes in flight while the host chooses the next width:
+    settling folds in the finished ones, oldest first, and never asks a running one (asking
+    would wait for it)."""
+    costs = WidthCosts()
+    observe = costs.verify_observer({"input_ids": "token_ids"})
+    done = [True, True, False, True]
+    asked: list[int] = []
+    for index in range(len(done)):
+        observe(Invocation("target", {"input_ids": Value.host(np.zeros((1, 2), np.int64))},
+                           ("logits",), lambda i=index: asked.append(i) or 0.25,
+                           lambda i=index: done[i]))
+    assert costs.verify_total == 0.5 and asked == [0, 1] and len(costs.unsettled) == 2
+    done[2] = True
+    assert costs.verify_total == 1.0 and asked == [0, 1, 2, 3] and not costs.unsettled
+
+
+class FirstCallSlow:
+    """A proposer whose first proposal at each width makes something (a plan, a session)."""
+
+    def __init__(self) -> None:
+        self.made: set[int] = set()
+
+    def propose(self, state, k):
+        import time
+
+        from speculant.speculative.proposal import Proposal
+        if k not in self.made:
+            self.made.add(k)
+            time.sleep(0.05)
+        return Proposal(tokens=[1] * k)
+
+
+def test_a_widths_first_proposal_in_a_request_is_not_timed():
+    """The first proposal at a width may make that width's plan or unrolled session (once):
+    timed, it would price the width out for good (never chosen, never measured again)."""
+    from types import SimpleNamespace
+
+    costs = WidthCosts()
+    auto = AutoWidthProposer(FirstCallSlow(), "chained", WidthController(max_k=4), costs)
+    state = SimpleNamespace(stats=SimpleNamespace(trace=[]))
+    for _ in range(4):
+        auto.propose(state, 4)
+    widths = set(auto.chosen)
+    assert widths and all(0 < seconds < 0.05 for seconds in costs.propose["chained"].seconds
+                          .values())
+    assert set(costs.propose["chained"].seconds) <= widths
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     root = tmp_path_factory.mktemp("auto-k")

@@ -52,11 +52,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from speculant.session.session import Invocation, Observer
-from speculant.speculative.proposal import Proposal, Proposer
+from speculant.speculative.proposal import Proposal, Proposer, QueuedRound
+from speculant.tensors import Value
 from speculant.workflow.state import DecodeState
 
 AUTO = "auto"
@@ -147,11 +148,17 @@ class WidthCosts:
         return self.verified_seconds
 
     def settle(self, keep: int) -> None:
-        """Fold in every unsettled pass but the latest ``keep``."""
+        """Fold in every unsettled pass but the latest ``keep``, oldest first, up to the
+        first still running (never waits: rounds queued behind one another keep passes
+        in flight while the host chooses the next width)."""
         settled = self.unsettled[:len(self.unsettled) - keep]
+        for num_done, (_, call) in enumerate(settled):
+            if call.ready is not None and not call.ready():
+                settled = settled[:num_done]
+                break
         del self.unsettled[:len(settled)]
         for width, call in settled:
-            seconds = call.seconds  # asked once: an overlapped replay's waits for its end
+            seconds = call.seconds  # asked once, finished: no wait
             self.verified_seconds += seconds
             if width:
                 self.verify.observe(width, seconds)
@@ -232,10 +239,26 @@ class AutoWidthProposer:
         self.inner, self.kind, self.controller, self.costs = inner, kind, controller, costs
         self._num_rounds_seen = 0
         self.chosen: list[int] = []  # the width asked of the proposer, per proposal
+        self._widths_proposed = {0}  # widths proposed in this request (0: never timed)
         # when the last proposal returned, and the verify seconds observed by then
         self._last: tuple[float, float] | None = None
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
+        width = self._choose(state, k)  # 0: drafting does not pay now, a greedy step
+        return self._timed(lambda: self.inner.propose(state, width) if width else Proposal())
+
+    def queues(self, state: DecodeState) -> bool:
+        queues = getattr(self.inner, "queues", None)
+        return queues is not None and queues(state)
+
+    def propose_after(self, state: DecodeState, after: QueuedRound | None, cursor: Value,
+                      k: int) -> Proposal:
+        """A round queued behind another (speculative/ahead.py), at the width chosen from
+        the rounds read so far (0 is a greedy step there too)."""
+        width = self._choose(state, k)
+        return self._timed(lambda: self.inner.propose_after(state, after, cursor, width))
+
+    def _choose(self, state: DecodeState, k: int) -> int:
         if self._last is not None:  # the last round's time outside its proposal and verify
             returned, verified = self._last
             self.costs.observe_round(time.perf_counter() - returned -
@@ -246,12 +269,14 @@ class AutoWidthProposer:
         self._num_rounds_seen = len(trace)
         width = min(k, self.controller.choose(self.costs, self.kind))
         self.chosen.append(width)
-        proposal = Proposal()  # width 0: drafting does not pay now, a greedy step
+        return width
+
+    def _timed(self, propose: Callable[[], Proposal]) -> Proposal:
         started = time.perf_counter()
-        if width:
-            proposal = self.inner.propose(state, width)
+        proposal = propose()
         proposing = time.perf_counter() - started
-        if proposal.k:
-            self.costs.observe_proposal(self.kind, proposal.k, proposing)
+        if proposal.k in self._widths_proposed:  # a width's first proposal in a request
+            self.costs.observe_proposal(self.kind, proposal.k, proposing)  # is not timed: it
+        self._widths_proposed.add(proposal.k)  # may make that width's plan or session once
         self._last = (time.perf_counter(), self.costs.verify_total)
         return proposal

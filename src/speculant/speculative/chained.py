@@ -8,6 +8,7 @@ they stand after rollback; only the drafted token ids cross to the host.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -20,7 +21,7 @@ from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
 from speculant.speculative.chain_graph import CARRY, NEXT, TABLE, TOKEN
 from speculant.speculative.chain_steps import ChainSteps
-from speculant.speculative.proposal import Proposal
+from speculant.speculative.proposal import Proposal, QueuedRound
 from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState
@@ -51,6 +52,31 @@ def read_scaled_table(package: Package, chain: ChainPlan) -> np.ndarray:
     return table
 
 
+def queued_advances(package: Package, session: ComponentSession
+                    ) -> list[tuple[str, str, str, int]] | None:
+    """How each of the proposer's shared inputs follows a round queued behind another
+    (``ChainedProposer._advances``), as ``_fixed_bindings`` binds it from the host."""
+    plan, chain = package.plan, package.plan.chain
+    assert chain is not None
+    length_port = plan.static.kv_length_ports.get(plan.proposer or "") \
+        if plan.static is not None else None
+    advances = []
+    for port, value_name in plan.proposer_inputs.items():
+        if port == chain.fused_port or port in chain.borrowed:
+            continue  # built in the step graph; the target's buffers themselves
+        if port == length_port:
+            advances.append((port, "length", value_name, 0))
+            continue
+        dims = session.ports.inputs[port].dims
+        rows = [axis for axis, dim in enumerate(dims)
+                if dim is not None and dim == chain.position_symbol]
+        if any(dim is not None and dim == chain.kv_symbol for dim in dims) or len(rows) > 1:
+            return None
+        advances.append((port, "row", value_name, rows[0]) if rows else
+                        (port, "copy", value_name, 0))
+    return advances
+
+
 class ChainedProposer:
     """Drafts ``k_r`` tokens per round from the chain context of the decode state."""
 
@@ -71,6 +97,10 @@ class ChainedProposer:
         # or the host in the host-staged parity configuration).
         self.residency = session.output_residency
         self._table: Value | None = None  # [V_E, W_E] currency, scaled, in the chain residency
+        # how each shared input of the step plans is advanced on the device for a round
+        # queued behind another: (port, "length" | "row" | "copy", value name, axis); None
+        # where one is narrowed to the consumed length (a shape that changes: not queued)
+        self._advances = queued_advances(package, session)
 
     @property
     def table(self) -> Value:
@@ -172,6 +202,50 @@ class ChainedProposer:
         if state.sampler is None:
             return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
         return Proposal(drafts, probs, num_invocations=k + 1, num_scored_rows=k)
+
+    # -- a round queued behind another (speculative/ahead.py) ------------------------------
+    def queues(self, state: DecodeState) -> bool:
+        return state.sampler is None and isinstance(state.cells, StaticCells) and \
+            self._advances is not None
+
+    def propose_after(self, state: DecodeState, after: QueuedRound | None, cursor: Value,
+                      k: int) -> Proposal:
+        """The drafts of the round queued behind ``after`` (None: behind the state's latest
+        round): its chain context written from the host (``after`` None) or advanced where
+        the chain runs from ``after``'s acceptance; ``block`` is ``ids[1 : k + 2]``."""
+        cells = state.cells
+        assert isinstance(cells, StaticCells)
+        if after is None:
+            last, carry_0 = self._chain_context(state)
+            steps = self._planned(state, cells, last, carry_0)
+        else:
+            steps = cells.chain_steps
+            self._advance(steps, after, cursor)
+        proposal = self._propose_planned(state, steps, k) if k else Proposal(
+            drafts=steps.drafts(0))
+        return replace(proposal, block=self.seam.owned_rows(steps.ids, 1, k + 1))
+
+    def _advance(self, steps: ChainSteps, after: QueuedRound, cursor: Value) -> None:
+        """The chain context after ``after``, from its count ``a`` where it was made: ``s``
+        = its block's position ``a − 1`` (``ids[a]``), ``p = c_a``, ``carry_0`` = its seed
+        row ``a − 1``, the positions its row ``a − 1``, the length ``cursor`` (= C + a)."""
+        seam, rows = self.seam, self.seam.owned_rows
+        count = rows(after.counted, 0, 1)  # [1] int32: a
+        seed = after.verify.seed  # [1, k + 1, W_C]
+        assert seed is not None and self._advances is not None
+        with seam.write_batch():
+            seam.take_at(rows(steps.ids, 0, 1), steps.ids, 0, count)  # s = ids[a]
+            seam.take_at(rows(steps.ids, 1, 1), after.counted, 0, count)  # p = c_a
+            seam.take_at(rows(steps.carries, 0, 1, squeeze=True), seed, seed.rank - 2, count,
+                         -1)
+            for port, how, value_name, axis in self._advances:
+                buffer = steps.shared[port]
+                if how == "length":
+                    seam.write_arange_from(buffer, cursor, step=0)
+                elif how == "row":
+                    seam.take_at(buffer, after.verify.values[value_name], axis, count, -1)
+                else:
+                    PassPlan._fill(self.session, port, buffer, after.verify.values[value_name])
 
     def _unrolled(self, depth: int) -> ComponentSession | None:
         """The session of the chain unrolled ``depth`` steps, made once (None: stepwise)."""

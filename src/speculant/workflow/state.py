@@ -204,11 +204,12 @@ class DecodeState:
         return not ((active is not None and not bool(active.data.reshape(-1)[0])) or
                     (done is not None and bool(done.data.reshape(-1)[0])))
 
-    def capped_width(self, k: int) -> int:
-        """k_r = min(k, R − 1, M − L − 1) ; k is already <= the bound."""
-        width = min(k, self.rules.max_new_tokens - self.num_generated - 1)
+    def capped_width(self, k: int, ahead: int = 0) -> int:
+        """k_r = min(k, R − 1, M − L − 1) ; k is already <= the bound. ``ahead``: tokens
+        rounds queued before this one may commit first (speculative/ahead.py)."""
+        width = min(k, self.rules.max_new_tokens - self.num_generated - ahead - 1)
         if self.rules.context_cap is not None:
-            width = min(width, self.rules.context_cap - len(self.tokens) - 1)
+            width = min(width, self.rules.context_cap - len(self.tokens) - ahead - 1)
         return max(width, 0)
 
     # -- the two places a decode's counters and stream change ------------------------------

@@ -48,7 +48,7 @@ class TokenIds:
         return Value.host(np.asarray([tokens], dtype=NUMPY_DTYPES[self.dtype]), self.dtype)
 
     def write(self, seam: TensorSeam, buffer: Value, tokens: Sequence[int],
-              drafts: Value | None, start: int) -> None:
+              drafts: Value | None, start: int | Value) -> None:
         seam.write_ints(buffer, tokens)  # the host's tokens, then the drafts where they are
         if drafts is not None:
             seam.write_ids(buffer, drafts, len(tokens))
@@ -65,8 +65,11 @@ class PositionIds:
         return Value.host(array, self.dtype)
 
     def write(self, seam: TensorSeam, buffer: Value, tokens: Sequence[int],
-              drafts: Value | None, start: int) -> None:
-        seam.write_arange(buffer, start)
+              drafts: Value | None, start: int | Value) -> None:
+        if isinstance(start, Value):  # C0 where the pass runs (a round queued behind another)
+            seam.write_arange_from(buffer, start)
+        else:
+            seam.write_arange(buffer, start)
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class AttentionMask:
         return Value.host(array, self.dtype)
 
     def write(self, seam: TensorSeam, buffer: Value, tokens: Sequence[int],
-              drafts: Value | None, start: int) -> None:
+              drafts: Value | None, start: int | Value) -> None:
         seam.write_ints(buffer, [1] * buffer.size)
 
 
@@ -94,8 +97,11 @@ class CacheLengths:
         return Value.host(np.full((1,), start, dtype=NUMPY_DTYPES[self.dtype]), self.dtype)
 
     def write(self, seam: TensorSeam, buffer: Value, tokens: Sequence[int],
-              drafts: Value | None, start: int) -> None:
-        seam.write_ints(buffer, [start] * buffer.size)
+              drafts: Value | None, start: int | Value) -> None:
+        if isinstance(start, Value):
+            seam.write_arange_from(buffer, start, step=0)
+        else:
+            seam.write_ints(buffer, [start] * buffer.size)
 
 
 @dataclass(frozen=True)
@@ -183,15 +189,16 @@ class TargetPass:
 
     def run(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value],
             admitted: Admitted, controls: Mapping[str, Value], *,
-            drafts: Value | None = None) -> PassResult:
+            drafts: Value | None = None, at: Value | None = None) -> PassResult:
         """One pass over ``tokens`` from position ``start`` with the caches ``cells`` and the
         serving ``controls`` as they stand (the decode state's). Static caches
         (:class:`StaticCells`) run through the plan of the block's width; there the block
         may end with ``drafts`` [k] int32 where the proposer made them (never read back: the
-        pass's ``tokens`` then hold :data:`UNREAD` at their positions)."""
+        pass's ``tokens`` then hold :data:`UNREAD` at their positions), and ``at`` [1] int32
+        may give C0 where the pass runs (``start`` then bounds it: the capacity check)."""
         if isinstance(cells, StaticCells):
-            return run_static(self, tokens, start, cells, admitted, controls, drafts)
-        if drafts is not None:
+            return run_static(self, tokens, start, cells, admitted, controls, drafts, at)
+        if drafts is not None or at is not None:
             raise ContractError("drafts kept on their device need static caches (a pass over "
                                 "appended caches binds host token ids)", path="drafts")
         n = len(tokens)
@@ -220,7 +227,7 @@ class TargetPass:
 
 def run_static(target: TargetPass, tokens: Sequence[int], start: int, cells: StaticCells,
                admitted: Admitted, controls: Mapping[str, Value],
-               drafts: Value | None = None) -> PassResult:
+               drafts: Value | None = None, at: Value | None = None) -> PassResult:
     """A pass on static caches (docs/design/static-cache.md): the plan of width ``n`` binds
     every cell's buffer as both its past and its present; the pass writes only the driver's
     small inputs (``input_ids``, ``position_ids``, ``cache_lengths``: through the seam, where
@@ -252,7 +259,7 @@ def run_static(target: TargetPass, tokens: Sequence[int], start: int, cells: Sta
                     f"{list(buffer.shape)} {buffer.dtype}, got a block of {n} token(s)",
                     path=port, value=n, expected=f"{buffer.shape[-1]} token(s) (a plan of "
                     "this width; another width needs its own plan)")
-            source.write(seam, buffer, tokens, drafts, start)
+            source.write(seam, buffer, tokens, drafts, start if at is None else at)
             values[value_name] = buffer
         for control, value in controls.items():
             if control in target.control_ports:
