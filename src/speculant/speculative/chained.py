@@ -248,12 +248,14 @@ class ChainedProposer:
                     PassPlan._fill(self.session, port, buffer, after.verify.values[value_name])
 
     def _unrolled(self, depth: int) -> ComponentSession | None:
-        """The session of the chain unrolled ``depth`` steps, made once (None: stepwise)."""
+        """The session of the chain unrolled ``depth`` steps (None: stepwise). The first
+        unrolled proposal makes every depth's, ``2 … K + 1``: ``k = "auto"`` changes the
+        width round to round, and a session made mid-decode would stall that decode."""
         if self.chain_session is None:
             return None
-        if depth not in self._chain_sessions:
-            self._chain_sessions[depth] = self.chain_session(depth)
-        return self._chain_sessions[depth]
+        if not self._chain_sessions:
+            self._chain_sessions = {d: self.chain_session(d) for d in range(2, self.max_k + 2)}
+        return self._chain_sessions.get(depth)
 
     def _steps(self, state: DecodeState, last: int, carry_0: Value) -> ChainSteps:
         """The step plans of a static buffer set, after one checked run of the step graph:
