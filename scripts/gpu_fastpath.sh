@@ -37,6 +37,25 @@ build_in_background() {
     > /dev/null 2>&1 < /dev/null &
 }
 
+wait_for_build() {  # up to 2 s x $1 for the background build's last line
+  for i in $(seq "$1"); do grep -q "^exit" /tmp/build.log 2>/dev/null && break; sleep 2; done
+}
+
+profile_real1b() {
+  stage "profile: realistic ~1B float16 static pair, greedy and chained k=4 (cProfile)"
+  timeout 90 $py scripts/profile_round.py /tmp/real1b --device cuda --k 4 --prompts $prompts \
+    --top 35 > "$out/profile-real1b.txt" 2>&1; grep -E "^==" "$out/profile-real1b.txt"
+}
+
+bench_real1b() {  # $1: its timeout in seconds
+  stage "bench: realistic ~1B float16 static pair, onnxruntime-genai anchor"
+  timeout "$1" $py -m speculant bench /tmp/real1b --device cuda --prompts $prompts \
+    --proposer chained --proposer prompt_lookup --anchors genai --anchor-dir /tmp/anchors \
+    --new-tokens 64 --warmup 1 --repeats 3 --k 4 --k auto --out /tmp/b/cuda-real1b-genai > /tmp/b.log 2>&1
+  tail -40 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-genai/ 2>/dev/null
+  tar -cf "$out/cuda-real1b-genai.tar" -C /tmp/b cuda-real1b-genai
+}
+
 case $phase in
 build)  # only the background build (then e.g. a few CUDA tests, then the smollm2 phase)
   build_in_background
@@ -90,24 +109,13 @@ drafter)
   stage done
   ;;
 real1b)  # the realistic ~1B pair alone: a profile of its rounds, then the genai-anchored bench
-  for i in $(seq 90); do grep -q "^exit" /tmp/build.log 2>/dev/null && break; sleep 2; done
-  tail -2 /tmp/build.log
-  stage "profile: realistic ~1B float16 static pair, greedy and chained k=4 (cProfile)"
-  timeout 90 $py scripts/profile_round.py /tmp/real1b --device cuda --k 4 --prompts $prompts \
-    --top 35 > "$out/profile-real1b.txt" 2>&1; grep -E "^==" "$out/profile-real1b.txt"
-  stage "bench: realistic ~1B float16 static pair, onnxruntime-genai anchor"
-  timeout 300 $py -m speculant bench /tmp/real1b --device cuda --prompts $prompts \
-    --proposer chained --proposer prompt_lookup --anchors genai --anchor-dir /tmp/anchors \
-    --new-tokens 64 --warmup 1 --repeats 3 --k 4 --k auto --out /tmp/b/cuda-real1b-genai > /tmp/b.log 2>&1
-  tail -40 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-genai/ 2>/dev/null
-  tar -cf "$out/cuda-real1b-genai.tar" -C /tmp/b cuda-real1b-genai
+  wait_for_build 90; tail -2 /tmp/build.log
+  profile_real1b; bench_real1b 300
   stage done
   ;;
 smollm2)
-  for i in $(seq 60); do grep -q "^exit" /tmp/build.log 2>/dev/null && break; sleep 2; done
-  stage "profile: realistic ~1B float16 static pair, greedy and chained k=4 (cProfile)"
-  timeout 90 $py scripts/profile_round.py /tmp/real1b --device cuda --k 4 --prompts $prompts \
-    --top 35 > "$out/profile-real1b.txt" 2>&1; grep -E "^==" "$out/profile-real1b.txt"
+  wait_for_build 60
+  profile_real1b
   drafter=/tmp/drafter_out; [ -f $drafter/drafter.npz ] || drafter=src/speculant_tools/builtin/smollm2
   stage "SmolLM2 float16 static pair, drafter from $drafter"
   $py scripts/smollm2_pair.py /tmp/smol16 --dtype float16 --drafter $drafter 2>&1 | tail -2
@@ -122,13 +130,7 @@ smollm2)
     --new-tokens 128 --warmup 1 --repeats 3 --out /tmp/b/cuda-smollm2 > /tmp/bs.log 2>&1
   tail -45 /tmp/bs.log; cp /tmp/bs.log /tmp/b/cuda-smollm2/ 2>/dev/null
   tar -cf "$out/cuda-smollm2.tar" -C /tmp/b cuda-smollm2
-  for i in $(seq 30); do grep -q "^exit" /tmp/build.log 2>/dev/null && break; sleep 2; done
-  stage "bench: realistic ~1B float16 static pair, onnxruntime-genai anchor"
-  timeout 230 $py -m speculant bench /tmp/real1b --device cuda --prompts $prompts \
-    --proposer chained --proposer prompt_lookup --anchors genai --anchor-dir /tmp/anchors \
-    --new-tokens 64 --warmup 1 --repeats 3 --k 4 --k auto --out /tmp/b/cuda-real1b-genai > /tmp/b.log 2>&1
-  tail -40 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-genai/ 2>/dev/null
-  tar -cf "$out/cuda-real1b-genai.tar" -C /tmp/b cuda-real1b-genai
+  wait_for_build 30; bench_real1b 230
   stage done
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
