@@ -264,6 +264,11 @@ def print_stats(run_stats) -> None:
                      highlight=False)
     if run_stats.cuda_graphs is not None:
         stderr.print(f"cuda graphs: {run_stats.cuda_graphs}", highlight=False)
+    passes = run_stats.target_passes - 1  # after the prefill
+    stderr.print(f"queued ahead of the host: {run_stats.queued_passes} of {passes} passes "
+                 "(each queued on the device behind one not read yet)" if run_stats.queued_passes
+                 else "queued ahead of the host: none (each pass read before the next)",
+                 highlight=False)
     read_back = run_stats.residency.get("device_readback_bytes", 0)
     if read_back and run_stats.rounds:  # 4 bytes per single-token pass (prefill, greedy steps)
         per_round = (read_back - 4 * (1 + run_stats.greedy_steps)) / run_stats.rounds

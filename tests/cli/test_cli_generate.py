@@ -138,6 +138,9 @@ def test_generate_speculative_without_k_picks_k_per_round(cli, chained_path, eng
     assert "cuda graphs: target: eager (the device is the CPU); assistant: eager (the " \
            "device is the CPU)" in text
     assert rows["graph_captures"] == rows["graph_replays"] == "0"
+    # the host reads each pass before the next (nothing queued on a CPU), and says so
+    assert "queued ahead of the host: none (each pass read before the next)" in text
+    assert rows["queued_passes"] == "0"
 
 
 def test_generate_stats_without_speculation(cli, decoder_path):

@@ -39,6 +39,7 @@ def test_any_depth_decodes_the_appended_greedy_stream(pairs, form, depth):
     assert result.token_ids == want and len(want) == NEW
     assert result.stats.greedy_steps == NEW - 1 and result.stats.target_passes == NEW
     assert result.stats.rollback_bytes_moved == 0
+    assert result.stats.queued_passes == (NEW - 2 if depth else 0)  # the first from the host
     # the budget ends the stream: no pass is queued past the last token it needs
     assert session.num_invocations == NEW
 

@@ -63,6 +63,7 @@ def test_queued_rounds_decode_greedy_with_the_drafts_of_rounds_one_at_a_time(
     assert result.stats.trace == reference.stats.trace  # the same drafts, round by round
     assert result.stats.accepted_drafts > 0
     assert sum(calls) >= result.stats.rounds // 2 > 0  # most rounds were queued behind one
+    assert result.stats.queued_passes == sum(calls) and reference.stats.queued_passes == 0
     assert result.stats.rollback_bytes_moved == 0
     # the budget ends the stream: no round is queued past the last it needs
     assert target.num_invocations == result.stats.target_passes

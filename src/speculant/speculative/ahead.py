@@ -37,7 +37,7 @@ def greedy_ahead(state: DecodeState, target: TargetPass, depth: int) -> Iterator
     waits for that pass alone, so the device never waits for the host between tokens. The
     state records each as run_round's greedy step."""
     seam = state.seam
-    queued: deque[tuple[PassResult, Callable[[], list[int]]]] = deque()
+    queued: deque[tuple[PassResult, Callable[[], list[int]], bool]] = deque()
     start, choice = state.consumed, None  # choice [1] int32: the latest queued pass's argmax
     while not state.is_stopped:
         while len(queued) <= depth and state.capped_width(len(queued)) == len(queued):
@@ -46,11 +46,11 @@ def greedy_ahead(state: DecodeState, target: TargetPass, depth: int) -> Iterator
                                 drafts=choice)
             choice = seam.argmax_rows(seam.last_along_axis(result.logits,
                                                            result.logits.rank - 2))
-            queued.append((result, seam.read_token_ids_later(choice)))
+            queued.append((result, seam.read_token_ids_later(choice), bool(queued)))
             start += 1
-        result, read = queued.popleft()
+        result, read, is_queued = queued.popleft()
         result.tokens = (state.pending,)  # what it consumed, known now
-        yield from state.record(RoundResult(0, 1, read(), result))
+        yield from state.record(RoundResult(0, 1, read(), result, is_queued=is_queued))
 
 
 def rounds_ahead(state: DecodeState, target: TargetPass, proposer: QueuingProposer, k: int,
@@ -76,7 +76,8 @@ def rounds_ahead(state: DecodeState, target: TargetPass, proposer: QueuingPropos
             counted = seam.accept_greedy(proposal.drafts, seam.argmax_rows(verify.logits))
             queued.append(QueuedRound(proposal.k, verify, counted,
                                       seam.read_token_ids_later(counted),
-                                      proposal.num_invocations, proposal.num_scored_rows))
+                                      proposal.num_invocations, proposal.num_scored_rows,
+                                      after is not None))
         if not queued:  # too near the end to queue: one round at a time
             yield from state.record(run_round(state, target, proposer, k))
             continue
@@ -88,4 +89,4 @@ def rounds_ahead(state: DecodeState, target: TargetPass, proposer: QueuingPropos
                               *[UNREAD] * (done.k + 1 - num_accepted))
         yield from state.record(RoundResult(done.k, num_accepted, committed, done.verify,
                                             done.num_proposer_invocations,
-                                            done.num_proposer_rows))
+                                            done.num_proposer_rows, done.is_queued))

@@ -58,6 +58,7 @@ class QueuedRound:
     read: Callable[[], list[int]]  # reads ``counted`` back (4 (k + 2) bytes)
     num_proposer_invocations: int = 0
     num_proposer_rows: int = 0
+    is_queued: bool = False  # queued behind a round not read yet (the first is not)
 
 
 class QueuingProposer(Proposer, Protocol):

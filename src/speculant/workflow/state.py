@@ -30,6 +30,7 @@ class RoundResult:
     verify_pass: PassResult  # the round's target pass over [pending, d_1 … d_k]
     num_proposer_invocations: int = 0
     num_proposer_rows: int = 0  # score rows the proposer reduced to a token
+    is_queued: bool = False  # queued on the device behind a pass not read yet (ahead.py)
 
 
 def cell_shape(package: Package, cell: CellPlan, sequence_extent: int) -> list[int]:
@@ -224,7 +225,7 @@ class DecodeState:
         ``(verify_pass, num_accepted)``), then commit its tokens; returns those committed."""
         self.stats.record_pass(result.k, result.num_accepted, result.num_proposer_invocations,
                                result.num_proposer_rows, self.sampler is not None,
-                               len(self.plan.rollback_state))
+                               len(self.plan.rollback_state), result.is_queued)
         self.advance(result.verify_pass, result.num_accepted)
         return self.commit(result.tokens)
 

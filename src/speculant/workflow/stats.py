@@ -27,6 +27,7 @@ class DecodeStats:
     argmax_rows: int = 0  # score rows reduced to a token id by argmax (greedy)
     sampled_rows: int = 0  # score rows turned into T(row) and drawn from or verified against
     committed: int = 0  # N: tokens appended to the output
+    queued_passes: int = 0  # target passes queued on the device behind one not read yet
     trace: list[tuple[int, int]] = field(default_factory=list)  # (k_r, a_r) per round
     proposed_at: list[int] = field(default_factory=list)  # [i]: drafts proposed at position i+1
     accepted_at: list[int] = field(default_factory=list)  # [i]: drafts accepted at position i+1
@@ -40,10 +41,12 @@ class DecodeStats:
         self._record_rows(1, is_sampling)
 
     def record_pass(self, k: int, num_accepted: int, num_proposer_invocations: int,
-                    num_proposer_rows: int, is_sampling: bool, num_rollback_cells: int) -> None:
+                    num_proposer_rows: int, is_sampling: bool, num_rollback_cells: int,
+                    is_queued: bool = False) -> None:
         """One verification pass over ``k`` drafts (0: a greedy step) of which
-        ``num_accepted - 1`` were accepted."""
+        ``num_accepted - 1`` were accepted (``is_queued``: behind a pass not read yet)."""
         self.target_passes += 1
+        self.queued_passes += is_queued
         self.proposer_invocations += num_proposer_invocations
         self._record_rows(num_proposer_rows + k + 1, is_sampling)
         if k == 0:
