@@ -61,17 +61,18 @@ def rounds_ahead(state: DecodeState, target: TargetPass, proposer: QueuingPropos
     queued: deque[QueuedRound] = deque()
     cursor = seam.zeros((1,), "int32", target.session.device)  # [1] int32: the next C
     while not state.is_stopped:
-        while len(queued) <= depth and state.capped_width(
-                k, ahead=sum(r.k + 1 for r in queued)) == k:
+        while len(queued) <= depth:
+            ahead = sum(r.k + 1 for r in queued)  # tokens the unread rounds may commit first
+            if state.capped_width(k, ahead=ahead) != k:
+                break
             after = queued[-1] if queued else None
             if after is None:
                 seam.write_ints(cursor, [state.consumed])  # the state's, read
             else:
                 seam.add_first(cursor, after.counted)  # C + a, where a is
             proposal = proposer.propose_after(state, after, cursor, k)
-            most = state.consumed + sum(r.k + 1 for r in queued)  # the start, at most
-            verify = target.run([], most, state.cells, state.admitted, state.controls,
-                                drafts=proposal.block, at=cursor)
+            verify = target.run([], state.consumed + ahead, state.cells, state.admitted,
+                                state.controls, drafts=proposal.block, at=cursor)
             assert proposal.drafts is not None
             counted = seam.accept_greedy(proposal.drafts, seam.argmax_rows(verify.logits))
             queued.append(QueuedRound(proposal.k, verify, counted,

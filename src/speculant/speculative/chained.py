@@ -52,14 +52,20 @@ def read_scaled_table(package: Package, chain: ChainPlan) -> np.ndarray:
     return table
 
 
+def proposer_length_port(package: Package) -> str | None:
+    """The proposer's port of the static caches' valid length, if it has one."""
+    plan = package.plan
+    return plan.static.kv_length_ports.get(plan.proposer or "") \
+        if plan.static is not None else None
+
+
 def queued_advances(package: Package, session: ComponentSession
                     ) -> list[tuple[str, str, str, int]] | None:
     """How each of the proposer's shared inputs follows a round queued behind another
     (``ChainedProposer._advances``), as ``_fixed_bindings`` binds it from the host."""
     plan, chain = package.plan, package.plan.chain
     assert chain is not None
-    length_port = plan.static.kv_length_ports.get(plan.proposer or "") \
-        if plan.static is not None else None
+    length_port = proposer_length_port(package)
     advances = []
     for port, value_name in plan.proposer_inputs.items():
         if port == chain.fused_port or port in chain.borrowed:
@@ -68,11 +74,12 @@ def queued_advances(package: Package, session: ComponentSession
             advances.append((port, "length", value_name, 0))
             continue
         dims = session.ports.inputs[port].dims
-        rows = [axis for axis, dim in enumerate(dims)
-                if dim is not None and dim == chain.position_symbol]
-        if any(dim is not None and dim == chain.kv_symbol for dim in dims) or len(rows) > 1:
+        position_axes = [axis for axis, dim in enumerate(dims)
+                         if dim is not None and dim == chain.position_symbol]
+        if any(dim is not None and dim == chain.kv_symbol for dim in dims) or \
+                len(position_axes) > 1:
             return None
-        advances.append((port, "row", value_name, rows[0]) if rows else
+        advances.append((port, "row", value_name, position_axes[0]) if position_axes else
                         (port, "copy", value_name, 0))
     return advances
 
@@ -101,6 +108,7 @@ class ChainedProposer:
         # queued behind another: (port, "length" | "row" | "copy", value name, axis); None
         # where one is narrowed to the consumed length (a shape that changes: not queued)
         self._advances = queued_advances(package, session)
+        self._length_port = proposer_length_port(package)  # the drafter's C' port, if any
 
     @property
     def table(self) -> Value:
@@ -309,10 +317,8 @@ class ChainedProposer:
         assert pass_result is not None
         consumed = pass_result.start + num_kept  # C'
         fixed: dict[str, Value] = {}
-        plan = self.package.plan
-        length_port = plan.static.kv_length_ports.get(plan.proposer or "") \
-            if plan.static is not None else None
-        for port, value_name in plan.proposer_inputs.items():
+        length_port = self._length_port
+        for port, value_name in self.package.plan.proposer_inputs.items():
             if port == self.chain.fused_port:
                 continue
             cell = self.chain.borrowed.get(port)
