@@ -62,6 +62,8 @@ build)  # only the background build (then e.g. a few CUDA tests, then the smollm
   ;;
 tests)
   build_in_background
+  stage "one drafter step at the realistic ~1B shape: explicit against fused attention"
+  timeout 90 $py scripts/drafter_step_bench.py --out "$out/drafter-step.json" 2>&1 | grep -v -i warn | tail -30
   stage "CUDA tests (JUnit) and the chained fixture runs"
   PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 420 $py scripts/cuda_evidence.py /tmp/evidence \
     --sanitizer-fast-path 2>&1 | tail -30

@@ -166,6 +166,16 @@ def _rank_of(graph: onnx.GraphProto, output: str, ports: Ports) -> int:
     return len(declared.type.tensor_type.shape.dim)
 
 
+def _live(nodes: list[onnx.NodeProto], output: str) -> list[onnx.NodeProto]:
+    """``nodes`` (in order) less those ``output`` does not depend on."""
+    needed, kept = {output}, []
+    for node in reversed(nodes):
+        if needed.intersection(node.output):
+            needed.update(node.input)
+            kept.append(node)
+    return kept[::-1]
+
+
 def _int64(value: object) -> np.ndarray:
     return np.asarray(value, dtype=np.int64)
 
@@ -178,8 +188,9 @@ def chain_component(step: StepComponent, depth: int, carry_output: str) -> StepC
     step reads the same borrowed caches, length and table). Step 0 is fed ``TOKENS[0]`` (s)
     and ``CARRY``, step 1 ``TOKENS[1]`` (p), step ``j >= 2`` step ``j − 1``'s ``NEXT``; each
     step's carry output is the next step's carry, as ``chain_steps.py`` binds them. Output:
-    ``DRAFTS = Concat(NEXT_1 … NEXT_{D−1})``. None where a node holds a subgraph (its outer
-    names would need renaming inside it): the chain then runs step by step.
+    ``DRAFTS = Concat(NEXT_1 … NEXT_{D−1})``; the nodes it does not depend on (step 0's
+    scores and argmax) are dropped. None where a node holds a subgraph (its outer names would
+    need renaming inside it): the chain then runs step by step.
     """
     model = onnx.load_from_string(step.source)
     graph = model.graph
@@ -208,6 +219,7 @@ def chain_component(step: StepComponent, depth: int, carry_output: str) -> StepC
         carry = prefix + carry_output
     nodes.append(helper.make_node("Concat", [f"{_PREFIX}s{j}/{NEXT}" for j in range(1, depth)],
                                   [DRAFTS], axis=0))
+    nodes = _live(nodes, DRAFTS)  # step 0's scores and argmax: ONNX Runtime would run them
     del graph.value_info[:]
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info(DRAFTS, TensorProto.INT32, [depth - 1]))

@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from speculant_tools.export.config import EMBEDDING, LlamaConfig
-from speculant_tools.onnx_build import ELEMENT_TYPES, GraphBuilder
+from speculant_tools.onnx_build import ELEMENT_TYPES, NUMPY_TYPES, GraphBuilder
 
 CONFIG_KEY = "speculant.export.llama_config"  # metadata_props entry: LlamaConfig JSON
 ROLE_KEY = "speculant.export.role"  # metadata_props entry: target | drafter
@@ -30,6 +30,8 @@ MASKED = float(np.finfo(np.float32).min)  # score of a key a query may not see
 MS_DOMAIN = "com.microsoft"
 # Operators only ONNX Runtime defines in the default domain (the ONNX checker rejects them)
 ORT_OPERATORS = frozenset({"SimplifiedLayerNormalization"})
+# Operators that need opset 24 (Attention with nonpad_kv_seqlen; RotaryEmbedding is 23)
+ONNX_24_OPERATORS = frozenset({"Attention", "RotaryEmbedding"})
 
 CACHES = ("appended", "static")
 LENGTHS = "cache_lengths"  # static form: [b] int64, the valid length of the caches read
@@ -182,6 +184,29 @@ class _Graph(GraphBuilder):
         return self.linear(self.from_float32(context, self.dtype),
                            f"{prefix}.self_attn.o_proj.weight")
 
+    def fused_attention(self, h: str, prefix: str, position_ids: str, keys: str, values: str,
+                        lengths: str) -> str:
+        """:meth:`attention` against static ``keys``/``values`` ``[b, KV, capacity, d]`` of
+        which each query sees the slots ``< lengths`` [b] int64, in two ONNX operators:
+        ``RotaryEmbedding`` (opset 23, half rotation, the package dtype) on the queries and
+        ``Attention`` (opset 24) with ``nonpad_kv_seqlen`` = ``lengths``: query head ``h``
+        reads KV head ``h // groups``, scaled by ``1 / sqrt(d)``, no causal term (each node
+        one kernel where the graph runs; the explicit form is ~25)."""
+        c = self.config
+        cos_table, sin_table = rope_tables(c)  # [max_ctx, d], halves duplicated
+        half = c.head_dim // 2
+        dtype = NUMPY_TYPES[self.dtype]
+        cos = self.weight("speculant.rope.cos_half", cos_table[:, :half].astype(dtype))
+        sin = self.weight("speculant.rope.sin_half", sin_table[:, :half].astype(dtype))
+        q = self.linear(h, f"{prefix}.self_attn.q_proj.weight")  # [b, s, H * d]
+        q = self.op("RotaryEmbedding", [q, cos, sin, position_ids], "rope",
+                    num_heads=c.num_attention_heads)
+        context = self.op("Attention", [self.heads(q, c.num_attention_heads), keys, values,
+                                        "", "", "", lengths], "attend", is_causal=0)
+        context = self.op("Transpose", [context], "bshd", perm=[0, 2, 1, 3])
+        context = self.op("Reshape", [context, self.const("merge", [0, 0, -1], "int64")])
+        return self.linear(context, f"{prefix}.self_attn.o_proj.weight")  # [b, s, hidden]
+
     def mlp(self, h: str, prefix: str) -> str:
         gate = self.linear(h, f"{prefix}.mlp.gate_proj.weight")
         up = self.linear(h, f"{prefix}.mlp.up_proj.weight")
@@ -259,6 +284,9 @@ class _Graph(GraphBuilder):
     def finish(self, role: str) -> onnx.ModelProto:
         inline = sum(len(t.raw_data) for t in self.initializers) <= INLINE_LIMIT
         model = self.model(check=False)
+        if any(node.op_type in ONNX_24_OPERATORS and not node.domain for node in self.nodes):
+            model.opset_import[0].version = 24  # Attention's nonpad_kv_seqlen
+            model.ir_version = 11
         if any(node.domain == MS_DOMAIN for node in self.nodes):
             model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
         if inline and not uses_ort_operators(model):  # a larger one: checked by path once
@@ -328,7 +356,8 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
 
 def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
                   embedding: np.ndarray, dtype: str, name: str = "assistant", *,
-                  fused_norms: bool = False, cache: str = "appended") -> onnx.ModelProto:
+                  fused_norms: bool = False, cache: str = "appended",
+                  fused_attention: bool | None = None) -> onnx.ModelProto:
     """The cacheless chained drafter: ``x = in_proj(inputs_embeds)``, one decoder layer whose
     attention reads the borrowed last-layer KV of the target (every key whose mask entry is
     1; no causal term), ``drafter.norm`` -> ``projected_state``; logits through the tied
@@ -339,9 +368,16 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
     (with the fused target: the same function in three nodes instead of ~29).
     ``cache="static"``: the borrowed caches are the target's buffers [b, KV, capacity, d]
     (bound as they are, no copy) and ``cache_lengths`` [b] int64 replaces the mask: every
-    query sees the slots ``< cache_lengths``."""
+    query sees the slots ``< cache_lengths``. ``fused_attention`` (None: with the fused norms
+    on static caches, the only form it takes): the attention as ONNX's RotaryEmbedding and
+    Attention (:meth:`_Graph.fused_attention`). Its outputs are the nodes' own (no Identity:
+    a step writes straight into the buffers bound to them)."""
     c = config
     g = _Graph(name, c, dtype, fused_norms=fused_norms, cache=cache)
+    if fused_attention is None:
+        fused_attention = fused_norms and g.is_static
+    if fused_attention and not g.is_static:
+        raise ValueError("fused_attention needs the static cache form (cache_lengths)")
     fused = g.add_input("inputs_embeds", dtype, ("batch", "sequence", 2 * c.hidden_size))
     position_ids = g.add_input("position_ids", "int64", ("batch", "sequence"))  # [b, s]
     borrowed = CAPACITY if g.is_static else "kv_sequence"
@@ -355,20 +391,26 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
     for weight_name, array in weights.items():
         g.weight(weight_name, array)
 
-    if g.is_static:  # allowed[b, 1, 1, 1, j] = j < cache_lengths[b]
-        slots = g.slots(key, 2, "slots")  # [capacity]
-        allowed = g.unsqueeze(g.op("Less", [g.unsqueeze(slots, [0]),
-                                            g.unsqueeze(lengths, [1])], "valid"), [1, 2, 3])
-    else:
-        allowed = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL), [1, 2, 3])
-    rope = g.rope_at(position_ids)
     x = g.linear(fused, "drafter.in_proj.weight")  # [b, s, hidden]
     prefix = "drafter.layer"
     h = g.norm(x, f"{prefix}.input_layernorm.weight")
-    h, x = g.add_norm(x, g.attention(h, prefix, rope, key, value, allowed),
-                      f"{prefix}.post_attention_layernorm.weight")
+    if fused_attention:
+        attended = g.fused_attention(h, prefix, position_ids, key, value, lengths)
+    else:
+        if g.is_static:  # allowed[b, 1, 1, 1, j] = j < cache_lengths[b]
+            slots = g.slots(key, 2, "slots")  # [capacity]
+            allowed = g.unsqueeze(g.op("Less", [g.unsqueeze(slots, [0]),
+                                                g.unsqueeze(lengths, [1])], "valid"),
+                                  [1, 2, 3])
+        else:
+            allowed = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL),
+                                  [1, 2, 3])
+        attended = g.attention(h, prefix, g.rope_at(position_ids), key, value, allowed)
+    h, x = g.add_norm(x, attended, f"{prefix}.post_attention_layernorm.weight")
     state, _ = g.add_norm(x, g.mlp(h, prefix), "drafter.norm.weight")  # [b, s, hidden]
 
-    g.add_output("logits", g.lm_head(state), dtype, ("batch", "sequence", c.draft_vocab_size))
-    g.add_output("projected_state", state, dtype, ("batch", "sequence", c.hidden_size))
+    for name, value, width in (("logits", g.lm_head(state), c.draft_vocab_size),
+                               ("projected_state", state, c.hidden_size)):
+        g.outputs.append(onnx.helper.make_tensor_value_info(
+            g.rename(value, name), ELEMENT_TYPES[dtype], ("batch", "sequence", width)))
     return g.finish("drafter")

@@ -1,0 +1,76 @@
+"""The chained drafter's fused attention (export/graphs.py ``_Graph.fused_attention``): on
+static caches its queries are rotated by ONNX's RotaryEmbedding and attend through ONNX's
+Attention with ``nonpad_kv_seqlen``; the same function as the explicit graph and the numpy
+reference, never reading a slot at or past the valid length."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from export_models import CONFIG, DRAFTER_WEIGHTS, TARGET_WEIGHTS
+from export_reference import drafter_forward
+
+from speculant_tools.export.graphs import drafter_graph
+
+C = CONFIG
+CAPACITY = 24
+NP = {"float32": np.float32, "float16": np.float16}
+TOLERANCE = {"float32": (1e-5, 2e-5), "float16": (2e-2, 6e-2)}  # (rtol, atol) vs float64
+
+
+def drafter_model(dtype: str, fused_attention: bool | None, cache: str = "static"
+                  ) -> onnx.ModelProto:
+    cast = {name: array.astype(NP[dtype]) for name, array in DRAFTER_WEIGHTS.items()}
+    return drafter_graph(C, cast, TARGET_WEIGHTS["model.embed_tokens.weight"].astype(NP[dtype]),
+                         dtype, fused_norms=True, cache=cache, fused_attention=fused_attention)
+
+
+def drafter(dtype: str, fused_attention: bool) -> ort.InferenceSession:
+    return ort.InferenceSession(drafter_model(dtype, fused_attention).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+
+
+def test_static_fused_drafters_take_the_fused_attention_by_default():
+    ops = [node.op_type for node in drafter_model("float16", None).graph.node]
+    assert {"RotaryEmbedding", "Attention"} <= set(ops)
+    assert "Softmax" not in ops and "Identity" not in ops  # outputs are the nodes' own
+    model = drafter_model("float16", None, cache="appended")  # a mask, not a length
+    assert "Attention" not in {node.op_type for node in model.graph.node}
+    with pytest.raises(ValueError, match="static cache form"):
+        drafter_model("float16", True, cache="appended")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_fused_attention_equals_the_reference_within_the_valid_length(dtype):
+    """Slots at and past ``cache_lengths`` hold values 50x larger than the valid ones: an
+    attention that read one of them (a length off by one, the capacity instead of the length)
+    moves the logits far past the tolerance. Rows 1 and 3, two lengths, the explicit graph
+    beside it."""
+    rng = np.random.default_rng(11)
+    sessions = {fused: drafter(dtype, fused) for fused in (False, True)}
+    table = TARGET_WEIGHTS["model.embed_tokens.weight"].astype(NP[dtype])
+    weights = {name: array.astype(NP[dtype]) for name, array in DRAFTER_WEIGHTS.items()}
+    rtol, atol = TOLERANCE[dtype]
+    for rows, length in ((1, 9), (3, 17)):
+        key, value = (np.concatenate([
+            rng.standard_normal((1, C.num_key_value_heads, length, C.head_dim)),
+            50 * rng.standard_normal((1, C.num_key_value_heads, CAPACITY - length, C.head_dim))],
+            axis=2).astype(NP[dtype]) for _ in range(2))  # [1, KV, capacity, d]
+        fused = rng.standard_normal((1, rows, 2 * C.hidden_size)).astype(NP[dtype])
+        positions = np.arange(length - 1, length - 1 + rows, dtype=np.int64)[None]
+        feeds = {"inputs_embeds": fused, "position_ids": positions,
+                 "cache_lengths": np.array([length], np.int64),
+                 "shared_kv.key": key, "shared_kv.value": value}
+        ref_logits, ref_state = drafter_forward(C, weights, table, fused[0], positions[0],
+                                                key[0], value[0],
+                                                (np.arange(CAPACITY) < length).astype(np.int64))
+        for is_fused, sess in sessions.items():
+            logits, state = sess.run(["logits", "projected_state"], feeds)
+            what = f"{'fused' if is_fused else 'explicit'} drafter, {rows} rows, length {length}"
+            assert logits.dtype == state.dtype == NP[dtype], what
+            np.testing.assert_allclose(logits[0].astype(np.float64), ref_logits, rtol=rtol,
+                                       atol=atol, err_msg=what)
+            np.testing.assert_allclose(state[0].astype(np.float64), ref_state, rtol=rtol,
+                                       atol=atol, err_msg=what)
