@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from speculant_tools.export import read_weights
-from speculant_tools.export.config import EMBEDDING, drafter_shapes
+from speculant_tools.export.config import drafter_shapes
 from speculant_tools.export.graphs import drafter_graph
 from speculant_tools.export.widen import widened_config
 
@@ -105,7 +105,8 @@ def main() -> None:
     diff = np.abs(logits["fused", True].astype(np.float32)
                   - logits["explicit", True].astype(np.float32))
     result["max_abs_logit_difference"] = float(diff.max())
-    result["argmax_equal"] = bool(logits["fused", True].argmax() == logits["explicit", True].argmax())
+    result["argmax_equal"] = bool(logits["fused", True].argmax()
+                                  == logits["explicit", True].argmax())
     print(json.dumps(result, indent=2))
     if args.out:
         with open(args.out, "w") as out:

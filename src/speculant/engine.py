@@ -97,7 +97,9 @@ class Engine:
                 return None
             made = session(f"{plan.proposer}.chain{depth}", unrolled.source, unrolled.ports,
                            str(package.artifacts[plan.proposer]))
-            made.observers = self.sessions[plan.proposer].observers  # the same list
+            step_session = self.sessions[plan.proposer]
+            made.observers = step_session.observers  # the same list
+            made.times_to_completion = step_session.times_to_completion
             return made
 
         self.chain_session = chain_session
@@ -129,6 +131,11 @@ class Engine:
         target_session.times_to_completion = True  # a verify's time includes what it waits on
         target_session.observers.append(self.proposer_sources.costs.verify_observer(
             target_session.ports.roles))
+        for proposing in (self.sessions.get(plan.proposer or ""),
+                          self.draft.session if self.draft else None):
+            if proposing is not None:  # a proposal's time includes its work on the device
+                proposing.times_to_completion = True
+                proposing.observers.append(self.proposer_sources.costs.proposer_observer())
         self._turns = Turns()
 
     # -- the request-scoped API -----------------------------------------------------------

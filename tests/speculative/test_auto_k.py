@@ -283,3 +283,59 @@ def test_k_auto_wraps_the_kinds_proposer_and_a_fixed_k_does_not(engines):
     assert widest == chained.package.document.speculative.max_proposal_width
     _, fixed, k = admitted(k=2)
     assert not isinstance(fixed, AutoWidthProposer) and k == 2
+
+
+def test_a_proposal_queued_on_a_device_is_priced_by_its_work_not_its_launch():
+    """A drafter chain queued on the device returns in its launch time; its runs, timed by
+    marks on the stream, say what it cost. Priced by the host clock every width looks free
+    (k=auto then drafted 7.3 drafts a round on the H200 where k=4 was faster): priced by the
+    larger of the two, asked once the runs finished, and taken out of the round's time."""
+    from types import SimpleNamespace
+
+    from speculant.speculative.proposal import Proposal
+
+    costs = WidthCosts()
+    observe = costs.proposer_observer()
+    done = {"flag": False}
+
+    class Queued:  # proposes in ~0 s host time; its one run takes 0.004 s per draft + 0.004
+        def propose(self, state, k):
+            observe(Invocation("assistant.chain", {}, ("drafts",),
+                               lambda k=k: 0.004 * (k + 1), lambda: done["flag"]))
+            return Proposal(tokens=[1] * k)
+
+    auto = AutoWidthProposer(Queued(), "chained", WidthController(max_k=4), costs)
+    state = SimpleNamespace(stats=SimpleNamespace(trace=[]))
+    auto.propose(state, 4)  # its width's first proposal: not a measurement
+    k = auto.chosen[-1]
+    auto.propose(state, 4)  # running: not folded in yet
+    assert len(costs.unsettled_proposals) == 2 and "chained" not in costs.propose
+    done["flag"] = True
+    assert costs.propose_seconds("chained", 4)[k] == pytest.approx(0.004 * (k + 1))
+    assert not costs.unsettled_proposals and not costs.proposer_runs
+    assert costs.settle_proposals() == pytest.approx(2 * 0.004 * (k + 1), rel=0.05)
+
+
+def test_the_engine_observes_its_proposers_work():
+    """The chained drafter's sessions and the draft model's report to the costs, timed to
+    completion; with a fixed k nothing takes the runs, and only the latest are kept."""
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp())
+    engine = speculant.load(write_chained_package(root / "pair"))
+    step = engine.sessions[engine.package.plan.proposer]
+    costs = engine.proposer_sources.costs
+    assert step.times_to_completion and any(
+        getattr(o, "__qualname__", "").startswith("WidthCosts.proposer_observer")
+        for o in step.observers)
+    for _ in range(3):
+        engine.generate(encode("def fib(n):\n    return "), 40, proposer="chained", k=4,
+                        stop_on_eos=False)
+    assert 0 < len(costs.proposer_runs) <= UNSETTLED_MAX
+    draft = speculant.load(write_decoder_package(root / "decoder"),
+                           draft=write_decoder_package(root / "draft"))
+    assert draft.draft.session.times_to_completion
+    draft.generate(encode("def fib(n):\n    return "), 12, proposer="draft", k="auto",
+                   stop_on_eos=False)
+    assert draft.proposer_sources.costs.propose["draft"].seconds

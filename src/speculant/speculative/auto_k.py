@@ -7,9 +7,12 @@ default k, within its bound), with the measured
 * ``p_i``: acceptance of the draft at block position ``i`` *given* the drafts before it were
   accepted (an exponential moving average per position, weight :data:`SMOOTHING` per round
   that reached the position, starting at :data:`PRIOR_ACCEPTANCE`);
-* ``t_propose(k)``: seconds this proposer kind takes to propose ``k`` drafts (the wall clock
-  around its ``propose``; a chained drafter's bootstrap step makes it ``t_0 + k · t_step``
-  rather than ``k · t_draft``), ``t_propose(0) = 0``;
+* ``t_propose(k)``: seconds this proposer kind takes to propose ``k`` drafts: the wall clock
+  around its ``propose``, or its runs' time where that is longer (the proposer's sessions
+  are observed like the target's: a drafter chain queued on the device returns in its launch
+  time, and its work is timed by marks on the stream, asked once finished); a chained
+  drafter's bootstrap step makes it ``t_0 + k · t_step`` rather than ``k · t_draft``;
+  ``t_propose(0) = 0``;
 * ``t_verify(n)``: seconds of a target pass over ``n`` tokens (the target session's observer,
   so every run through ``invoke`` or a ``PassPlan`` counts);
 
@@ -20,8 +23,9 @@ verify and 0 for a proposal while none is); and
 
 * ``t_round``: the seconds a round spends outside both (acceptance, read-back, rollback,
   commit, the bookkeeping: the wall clock from one proposal to the next, less the proposal
-  and the verify pass between them; a moving average, 0 until measured, an interval over
-  :data:`STALL_SECONDS` not counted: a consumer that paused). It is paid once per round
+  (its work past its host time included) and the verify pass between them; a moving
+  average, 0 until measured, an interval over :data:`STALL_SECONDS` not counted: a consumer
+  that paused). It is paid once per round
   whatever the width — on the H200 it was larger than the verify pass itself — so leaving it
   out makes short widths look cheaper than they are;
 
@@ -140,6 +144,14 @@ class WidthCosts:
     # (width or 0, call) of target passes observed, their seconds not asked yet: asking
     # an overlapped replay's waits for its end, so it waits until the round reads back
     unsettled: list[tuple[int, Invocation]] = field(default_factory=list)
+    # runs of the proposer's sessions since the last proposal took them (timed like the
+    # target's: marks on the stream where a replay is overlapped, so a drafter's work
+    # queued on the device is priced by the device's time, not by its launch)
+    proposer_runs: list[Invocation] = field(default_factory=list)
+    # (kind, k, host seconds, its runs, whether timed) of proposals not folded in yet
+    unsettled_proposals: list[tuple[str, int, float, list[Invocation], bool]] = field(
+        default_factory=list)
+    beyond_host_seconds: float = 0.0  # settled proposals' work time past their host time
 
     @property
     def verify_total(self) -> float:
@@ -174,11 +186,45 @@ class WidthCosts:
 
     def propose_seconds(self, kind: str, max_k: int) -> list[float]:
         """``t_propose(k)`` for ``k = 0 … max_k`` (0 at k = 0)."""
+        self.settle_proposals()
         table = self.propose.get(kind, WidthTable())
         return [0.0, *table.at(range(1, max_k + 1), 0.0)]
 
     def observe_proposal(self, kind: str, k: int, seconds: float) -> None:
         self.propose.setdefault(kind, WidthTable()).observe(k, seconds)
+
+    def proposer_observer(self) -> Observer:
+        """An observer for the proposer's sessions: each run belongs to the proposal being
+        made (:meth:`add_proposal` takes them; a fixed k never does: the latest
+        :data:`UNSETTLED_MAX` are kept)."""
+        def observe(call: Invocation) -> None:
+            self.proposer_runs.append(replace(call, inputs={}))
+            if len(self.proposer_runs) > UNSETTLED_MAX:
+                del self.proposer_runs[0]
+
+        return observe
+
+    def add_proposal(self, kind: str, k: int, host_seconds: float, timed: bool) -> None:
+        """A proposal of ``k`` drafts made in ``host_seconds`` with the proposer runs observed
+        since the last; its cost is the larger of its host time and its runs' time, known
+        once they finished (:meth:`settle_proposals`); ``timed`` False: not a measurement
+        (a width's first proposal in a request)."""
+        runs, self.proposer_runs = self.proposer_runs, []
+        self.unsettled_proposals.append((kind, k, host_seconds, runs, timed))
+
+    def settle_proposals(self) -> float:
+        """Settled proposals' work seconds past their host seconds, summed: folds in those
+        whose runs finished, oldest first, up to the first still running (never waits)."""
+        while self.unsettled_proposals:
+            kind, k, host, runs, timed = self.unsettled_proposals[0]
+            if any(run.ready is not None and not run.ready() for run in runs):
+                break
+            del self.unsettled_proposals[0]
+            seconds = max(host, sum(run.seconds for run in runs))
+            self.beyond_host_seconds += seconds - host
+            if timed:
+                self.observe_proposal(kind, k, seconds)
+        return self.beyond_host_seconds
 
     def verify_observer(self, roles: Mapping[str, str], max_width: int = 64) -> Observer:
         """An observer for the target session: each run over ``n <= max_width`` tokens (the
@@ -240,8 +286,9 @@ class AutoWidthProposer:
         self._num_rounds_seen = 0
         self.chosen: list[int] = []  # the width asked of the proposer, per proposal
         self._widths_proposed = {0}  # widths proposed in this request (0: never timed)
-        # when the last proposal returned, and the verify seconds observed by then
-        self._last: tuple[float, float] | None = None
+        # when the last proposal returned, and the verify seconds and the proposals' work
+        # seconds past their host's observed by then
+        self._last: tuple[float, float, float] | None = None
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         width = self._choose(state, k)  # 0: drafting does not pay now, a greedy step
@@ -260,9 +307,10 @@ class AutoWidthProposer:
 
     def _choose(self, state: DecodeState, k: int) -> int:
         if self._last is not None:  # the last round's time outside its proposal and verify
-            returned, verified = self._last
-            self.costs.observe_round(time.perf_counter() - returned -
-                                     (self.costs.verify_total - verified))
+            returned, verified, beyond = self._last
+            costs = self.costs
+            costs.observe_round(time.perf_counter() - returned - (costs.verify_total - verified)
+                                - (costs.settle_proposals() - beyond))
         trace = state.stats.trace
         for round_k, num_accepted in trace[self._num_rounds_seen:]:
             self.controller.observe(round_k, num_accepted)
@@ -272,11 +320,15 @@ class AutoWidthProposer:
         return width
 
     def _timed(self, propose: Callable[[], Proposal]) -> Proposal:
+        costs = self.costs
+        costs.proposer_runs.clear()  # runs before this proposal are not its own
         started = time.perf_counter()
         proposal = propose()
         proposing = time.perf_counter() - started
-        if proposal.k in self._widths_proposed:  # a width's first proposal in a request
-            self.costs.observe_proposal(self.kind, proposal.k, proposing)  # is not timed: it
-        self._widths_proposed.add(proposal.k)  # may make that width's plan or session once
-        self._last = (time.perf_counter(), self.costs.verify_total)
+        # a width's first proposal in a request is not timed: it may make that width's plan
+        # or session once
+        costs.add_proposal(self.kind, proposal.k, proposing,
+                           timed=proposal.k in self._widths_proposed)
+        self._widths_proposed.add(proposal.k)
+        self._last = (time.perf_counter(), costs.verify_total, costs.settle_proposals())
         return proposal
