@@ -154,6 +154,20 @@ def test_the_cost_of_an_unmeasured_width_is_read_off_the_measured_ones():
     assert costs.propose_seconds("chained", 4) == pytest.approx([0.0, 3.0, 4.0, 5.0, 6.0])
 
 
+def test_a_proposer_timed_at_one_width_is_priced_in_proportion_at_the_others():
+    """The first proposals go to the widest width (nothing measured: drafting looks free);
+    read flat from that one width every narrower width looked as dear, and the rule never
+    left it. A proposal's cost is read in proportion to its drafts, a verify's flat."""
+    costs = WidthCosts()
+    costs.observe_proposal("chained", 8, 0.016)
+    costs.verify.observe(9, 0.030)
+    assert costs.propose_seconds("chained", 8) == pytest.approx(
+        [0.0, 0.002, 0.004, 0.006, 0.008, 0.010, 0.012, 0.014, 0.016])
+    assert costs.verify_seconds(9) == [0.030] * 9
+    controller = WidthController(8, acceptance=[0.5, 0.3, 0.2] + [0.1] * 5)
+    assert 0 < controller.choose(costs, "chained") < 8
+
+
 def test_the_controller_widens_as_drafts_are_accepted_narrows_as_they_fail_and_probes():
     costs = WidthCosts(WidthTable({1: 0.010, 5: 0.011}),
                        {"chained": WidthTable({1: 0.0005, 4: 0.002})})

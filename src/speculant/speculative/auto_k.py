@@ -19,7 +19,9 @@ default k, within its bound), with the measured
 
 each a moving average per width (:class:`WidthTable`; a width not measured yet is read off
 the least-squares line through the measured widths, never below the cheapest measured, their
-mean where the line falls, flat while one width is measured; :data:`UNMEASURED_SECONDS` for a
+mean where the line falls; while one width is measured, flat for a verify and in proportion
+to the drafts for a proposal (flat, a proposer first timed at its widest width looked as
+dear at every width, and SmolLM2's chain on the CPU stayed at k = 8); :data:`UNMEASURED_SECONDS` for a
 verify and 0 for a proposal while none is); and
 
 * ``t_round``: the seconds a round spends outside both (acceptance, read-back, rollback,
@@ -119,6 +121,9 @@ class WidthTable:
     """Measured seconds by width (moving averages), and the widths not measured yet."""
 
     seconds: dict[int, float] = field(default_factory=dict)
+    # one width measured: the others in proportion to it (a proposal's cost grows with its
+    # drafts) rather than flat (a pass's, nearly flat on a device)
+    proportional: bool = False
 
     def observe(self, width: int, seconds: float) -> None:
         self.seconds[width] = _moving_time(self.seconds.get(width), seconds)
@@ -129,7 +134,9 @@ class WidthTable:
         if not measured:
             return [unmeasured] * len(widths)
         if len(measured) == 1:
-            fitted = {n: measured[0][1] for n in widths}
+            (width, seconds_at), = measured
+            fitted = {n: seconds_at * n / width if self.proportional and width else seconds_at
+                      for n in widths}
         else:  # a handful of points: the stdlib's least squares, microseconds a round
             points, seconds = zip(*measured, strict=True)
             slope, intercept = statistics.linear_regression(points, seconds)
@@ -193,11 +200,11 @@ class WidthCosts:
     def propose_seconds(self, kind: str, max_k: int) -> list[float]:
         """``t_propose(k)`` for ``k = 0 … max_k`` (0 at k = 0)."""
         self.settle_proposals()
-        table = self.propose.get(kind, WidthTable())
+        table = self.propose.get(kind, WidthTable(proportional=True))
         return [0.0, *table.at(range(1, max_k + 1), 0.0)]
 
     def observe_proposal(self, kind: str, k: int, seconds: float) -> None:
-        self.propose.setdefault(kind, WidthTable()).observe(k, seconds)
+        self.propose.setdefault(kind, WidthTable(proportional=True)).observe(k, seconds)
 
     def proposer_observer(self) -> Observer:
         """An observer for the proposer's sessions: each run belongs to the proposal being
