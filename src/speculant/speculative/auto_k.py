@@ -21,8 +21,8 @@ each a moving average per width (:class:`WidthTable`; a width not measured yet i
 the least-squares line through the measured widths, never below the cheapest measured, their
 mean where the line falls; while one width is measured, flat for a verify and in proportion
 to the drafts for a proposal (flat, a proposer first timed at its widest width looked as
-dear at every width, and SmolLM2's chain on the CPU stayed at k = 8); :data:`UNMEASURED_SECONDS` for a
-verify and 0 for a proposal while none is); and
+dear at every width, and SmolLM2's chain on the CPU stayed at k = 8);
+:data:`UNMEASURED_SECONDS` for a verify and 0 for a proposal while none is); and
 
 * ``t_round``: the seconds a round spends outside both (acceptance, read-back, rollback,
   commit, the bookkeeping: the wall clock from one proposal to the next, less the proposal
