@@ -10,6 +10,7 @@ admission until it is exhausted or closed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -22,7 +23,12 @@ from speculant.package.package import Package
 from speculant.session.graphs import decide
 from speculant.session.session import ComponentSession
 from speculant.speculative.auto_k import WidthCosts
-from speculant.speculative.chain_graph import chain_component, step_component
+from speculant.speculative.chain_graph import (
+    StepComponent,
+    bootstrap_component,
+    chain_component,
+    step_component,
+)
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
@@ -89,20 +95,24 @@ class Engine:
         self.sessions = {name: session(name, source, ports, str(package.artifacts[name]))
                          for name, (source, ports) in components.items()}
 
-        def chain_session(depth: int) -> ComponentSession | None:
-            """The chain unrolled ``depth`` steps (one run per proposal: a device's launches
-            cost more than a step's work), reporting to the step session's observers."""
-            unrolled = chain_component(step, depth, plan.chain.carry_output)
-            if unrolled is None:
-                return None
-            made = session(f"{plan.proposer}.chain{depth}", unrolled.source, unrolled.ports,
+        def step_variant(suffix: str, made_from: StepComponent) -> ComponentSession:
+            """A session of a graph made from the step graph, reporting (timed alike) to the
+            step session's observers."""
+            made = session(f"{plan.proposer}.{suffix}", made_from.source, made_from.ports,
                            str(package.artifacts[plan.proposer]))
-            step_session = self.sessions[plan.proposer]
-            made.observers = step_session.observers  # the same list
-            made.times_to_completion = step_session.times_to_completion
+            made.observers = self.sessions[plan.proposer].observers  # the same list
+            made.times_to_completion = self.sessions[plan.proposer].times_to_completion
             return made
 
+        def chain_session(depth: int) -> ComponentSession | None:
+            """The chain unrolled ``depth`` steps (one run per proposal: a device's launches
+            cost more than a step's work)."""
+            unrolled = chain_component(step, depth, plan.chain.carry_output)
+            return None if unrolled is None else step_variant(f"chain{depth}", unrolled)
+
         self.chain_session = chain_session
+        bootstrap_session = functools.cache(lambda: step_variant(  # step 0, its carry alone
+            "bootstrap", bootstrap_component(step, plan.chain.carry_output)))
 
         self.draft = (DraftModel(draft, self.seam, self.device, use_tf32=use_tf32,
                                  outputs_on_host=outputs_on_host, threads=threads,
@@ -119,7 +129,8 @@ class Engine:
         self.proposer = (ChainedProposer(
             package, self.sessions[plan.proposer], self.seam,
             chain_session if unroll_chain and self.device != HOST and not outputs_on_host
-            else None)  # the host keeps the step plans (no launches to save there)
+            else None,  # the host keeps the step plans (no launches to save there)
+            bootstrap_session)
             if plan.chain is not None and plan.proposer else None)
         self.tokenizer = tokenizer_for(package)  # with its load-time checks
         self.static_pool = StaticPool()  # static caches and their plans, kept across requests

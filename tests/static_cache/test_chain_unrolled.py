@@ -143,3 +143,27 @@ def test_a_graph_with_a_subgraph_keeps_the_step_plans():
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1])])
     step = StepComponent(helper.make_model(graph).SerializeToString(), Ports())
     assert chain_graph.chain_component(step, 3, "out") is None
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_step_by_step_the_bootstrap_step_runs_without_its_scores(packages, k):
+    """Step 0's prediction is p (known): step by step it runs on a graph whose one output is
+    the carry (no LM head, no argmax, no table of scores); its carry is the step graph's, so
+    the drafts equal the unrolled chain's (above) and the tokens greedy's."""
+    from speculant.speculative.chain_graph import bootstrap_component, step_component
+
+    engine = speculant.load(packages["float32", "static"], threads=1)
+    greedy = engine.generate(PROMPT, NEW, stop_on_eos=False).token_ids
+    result = engine.generate(PROMPT, NEW, speculative=True, k=k, stop_on_eos=False)
+    assert result.token_ids == greedy
+    bootstrap = engine.proposer.bootstrap_session()
+    step = engine.sessions[engine.package.plan.proposer]
+    assert bootstrap.num_invocations == result.stats.rounds > 0
+    assert step.num_invocations == 1 + result.stats.drafts_proposed  # checked run, steps 1…k_r
+    chain = engine.package.plan.chain
+    made = bootstrap_component(step_component(engine.package), chain.carry_output)
+    graph = onnx.load_from_string(made.source).graph
+    assert [o.name for o in graph.output] == [chain.carry_output]
+    assert "ArgMax" not in {n.op_type for n in graph.node}
+    assert "model.embed_tokens.weight" not in {t.name for t in graph.initializer}
+    assert list(made.ports.outputs) == [chain.carry_output]

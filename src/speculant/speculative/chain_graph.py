@@ -166,6 +166,28 @@ def _rank_of(graph: onnx.GraphProto, output: str, ports: Ports) -> int:
     return len(declared.type.tensor_type.shape.dim)
 
 
+def bootstrap_component(step: StepComponent, carry_output: str) -> StepComponent:
+    """The step graph with the carry its only output: a proposal's step 0, whose prediction
+    is ``p`` (known already), without the scores and the argmax (ONNX Runtime runs every node
+    of a graph; the LM head is most of a drafter step on the CPU) and their weights."""
+    model = onnx.load_from_string(step.source)
+    graph = model.graph
+    nodes = _live(list(graph.node), carry_output)
+    used = {name for node in nodes for name in node.input}
+    initializers = [t for t in graph.initializer if t.name in used]
+    outputs = [o for o in graph.output if o.name == carry_output]
+    produced = {name for node in nodes for name in node.output}
+    value_info = [v for v in graph.value_info if v.name in produced]
+    for field, kept in ((graph.node, nodes), (graph.initializer, initializers),
+                        (graph.output, outputs), (graph.value_info, value_info)):
+        del field[:]
+        field.extend(kept)
+    ports = Ports(inputs=dict(step.ports.inputs),
+                  outputs={carry_output: step.ports.outputs[carry_output]},
+                  roles=dict(step.ports.roles))
+    return StepComponent(model.SerializeToString(), ports)
+
+
 def _live(nodes: list[onnx.NodeProto], output: str) -> list[onnx.NodeProto]:
     """``nodes`` (in order) less those ``output`` does not depend on."""
     needed, kept = {output}, []

@@ -7,7 +7,8 @@ after one checked run of the step graph::
     ids      [K + 2] int32        ids[0] = s, ids[1] = p, ids[j + 1] = step j's draft (j >= 1)
     carries  [K + 2, *carry]      carries[0] = carry_0, carries[j + 1] = step j's carry
     plan j   TOKEN <- ids[j], CARRY <- carries[j]; NEXT -> ids[j + 1] (step 0: a scratch
-             slot: its prediction is p, known already), carry -> carries[j + 1],
+             slot: its prediction is p, known already; where a bootstrap session is given,
+             step 0 runs on it and writes only its carry), carry -> carries[j + 1],
              logits -> one score buffer; every other input: one buffer all steps share
              (positions and length written once per proposal, the borrowed caches the
              target's buffers themselves, the table the chain's)
@@ -23,6 +24,8 @@ width ``k`` is one run instead: the plan of depth ``k + 1`` reads ``ids[0:2]`` a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
 from speculant.speculative.chain_graph import CARRY, DRAFTS, NEXT, TOKEN, TOKENS
@@ -33,11 +36,15 @@ class ChainSteps:
     """Step plans ``0 … K`` and the buffers they bind (see the module)."""
 
     def __init__(self, session: ComponentSession, shared: dict[str, Value], carry: Value,
-                 produced: dict[str, Value], max_k: int, carry_output: str) -> None:
+                 produced: dict[str, Value], max_k: int, carry_output: str,
+                 bootstrap: Callable[[], ComponentSession] | None = None) -> None:
         """``shared``: port -> the buffer every step binds; ``carry``, ``produced``: a step's
-        carry input and outputs as the checked run gave them (their shapes and dtypes)."""
+        carry input and outputs as the checked run gave them (their shapes and dtypes);
+        ``bootstrap()``: the session step 0 runs on, its carry the only output
+        (``chain_graph.bootstrap_component``), made with step 0's plan (None: the step's)."""
         seam = session.seam
         self.session, self.shared, self.carry_output = session, shared, carry_output
+        self.bootstrap = bootstrap
         where = session.output_residency  # the chain residency: where step outputs land
         with seam.write_batch():
             self.ids = seam.zeros((max_k + 2,), "int32", where)  # [K + 2] int32
@@ -64,7 +71,12 @@ class ChainSteps:
         """Step ``j``'s plan, made on first use."""
         while len(self.plans) <= j:
             i = len(self.plans)
-            self.plans.append(PassPlan(self.session, self.step_inputs(i), self.step_outputs(i)))
+            if i == 0 and self.bootstrap is not None:  # the carry alone: no scores
+                carry = {self.carry_output: self.step_outputs(0)[self.carry_output]}
+                self.plans.append(PassPlan(self.bootstrap(), self.step_inputs(0), carry))
+            else:
+                self.plans.append(PassPlan(self.session, self.step_inputs(i),
+                                           self.step_outputs(i)))
         return self.plans[j]
 
     def step_inputs(self, j: int) -> dict[str, Value]:

@@ -88,16 +88,19 @@ class ChainedProposer:
     """Drafts ``k_r`` tokens per round from the chain context of the decode state."""
 
     def __init__(self, package: Package, session: ComponentSession, seam: TensorSeam,
-                 chain_session: Callable[[int], ComponentSession | None] | None = None) -> None:
+                 chain_session: Callable[[int], ComponentSession | None] | None = None,
+                 bootstrap_session: Callable[[], ComponentSession] | None = None) -> None:
         """``session`` runs the proposer's step graph (``chain_graph.step_component``);
         ``chain_session(depth)`` makes the session of the chain unrolled ``depth`` steps
-        (None, or returning None: step by step), used greedy on static caches."""
+        (None, or returning None: step by step), used greedy on static caches;
+        ``bootstrap_session()`` the one step 0 runs on step by step, its carry alone."""
         assert package.plan.chain is not None
         self.package = package
         self.chain = package.plan.chain
         self.session = session
         self.seam = seam
         self.chain_session = chain_session
+        self.bootstrap_session = bootstrap_session  # step 0's, its carry alone (chain_steps)
         self._chain_sessions: dict[int, ComponentSession | None] = {}  # depth -> session
         self.max_k = package.plan.rollback_bound or 0  # the chain's bound on k (admission)
         # The chain residency: where the proposer's outputs are produced (its execution device,
@@ -281,7 +284,8 @@ class ChainedProposer:
             else:
                 buffer = seam.zeros(value.shape, value.dtype, session.device)
                 shared[port] = PassPlan._fill(session, port, buffer, value)
-        return ChainSteps(session, shared, carry_0, produced, self.max_k, chain.carry_output)
+        return ChainSteps(session, shared, carry_0, produced, self.max_k, chain.carry_output,
+                          self.bootstrap_session)
 
     def _choose(self, state: DecodeState, out: dict[str, Value]) -> tuple[int, Value | None]:
         """Step ``out``'s draft from its last score row: the argmax, or a draw from T(row)."""
