@@ -142,8 +142,8 @@ LAYERS = {
 # proposer's advance and the queued loop (speculative/ahead.py), ~400 lines in all.
 # 11,750 -> 11,800 (2026-12-03): k="auto" prices a proposal by its work on the device, not
 # its launch (issue 12 item 5: it drafted 7.3 drafts a round where k=4 was faster), ~50 lines.
-# 11,800 -> 11,860: step 0 of a chained proposal step by step without its scores (the LM head
-# was a fifth of a SmolLM2 round's drafting on the CPU): chain_graph.bootstrap_component.
+# 11,800 -> 11,860: step 0 of a chained proposal step by step without its scores (its LM head
+# was a quarter of a SmolLM2 round's drafting on the CPU at k=1): chain_graph.bootstrap_component.
 RUNTIME_LINE_BUDGET = 11_860
 MODULE_LINE_LIMIT = 500
 
