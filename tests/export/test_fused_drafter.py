@@ -74,3 +74,25 @@ def test_fused_attention_equals_the_reference_within_the_valid_length(dtype):
                                        atol=atol, err_msg=what)
             np.testing.assert_allclose(state[0].astype(np.float64), ref_state, rtol=rtol,
                                        atol=atol, err_msg=what)
+
+
+def test_a_static_fused_pair_reads_back_its_drafter_and_converts_back(tmp_path):
+    """The fused drafter's extra initializers (the half-width rotary tables) do not leak into
+    the weights read back, and converting it to appended caches gives the explicit drafter."""
+    from export_models import write_tokenizer
+
+    from speculant_tools.export import convert, read_weights, write_pair_package
+
+    root = write_pair_package(tmp_path / "pair", TARGET_WEIGHTS, C, DRAFTER_WEIGHTS,
+                              write_tokenizer(tmp_path / "tokenizer.json"), dtype="float16",
+                              cache="static")
+    ops = {n.op_type for n in onnx.load(str(root / "assistant" / "model.onnx")).graph.node}
+    assert "Attention" in ops
+    _, _, drafter_weights = read_weights(root)
+    assert drafter_weights.keys() == DRAFTER_WEIGHTS.keys()
+    for name, array in DRAFTER_WEIGHTS.items():
+        np.testing.assert_array_equal(drafter_weights[name], array.astype(np.float16),
+                                      err_msg=name)
+    back = convert(root, tmp_path / "appended", "float16", cache="appended")
+    ops = {n.op_type for n in onnx.load(str(back / "assistant" / "model.onnx")).graph.node}
+    assert "Attention" not in ops and "Softmax" in ops
