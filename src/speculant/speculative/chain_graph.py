@@ -6,7 +6,7 @@ step's scores with a third (argmax). At load the proposer's graph is rewritten, 
 that the same three happen inside it:
 
     row   = Gather(TABLE, TOKEN)                             # [1, W_E]: the scaled row
-    fused = Concat(Expand(row), Expand(CARRY), axis=-1)      # the fused port's value
+    fused = Concat(row shaped to the step, CARRY, axis=-1)   # the fused port's value
     ...   the proposer's graph, unchanged ...
     NEXT  = Cast(ArgMax(last row of logits), int32)          # [1] int32: the step's draft
 
@@ -130,20 +130,23 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
         helper.make_tensor_value_info(CARRY, elem_type, [*prefix, chain.carry_width]),
     ])
     logits_rank = _rank_of(graph, chain.logits_output, ports)
+    broadcast = any(dim != 1 for dim in prefix)  # the row to a step wider than one
     constants = {
         "row_shape": [1] * (rank - 1) + [table.dims[1]],  # [1, ..., 1, W_E]
-        "prefix_shape": [*prefix, 1],  # Expand's shape: broadcast to the step shape
         "last_row": -1,
+        **({"prefix_shape": [*prefix, 1]} if broadcast else {}),  # Expand's shape
     }
     graph.initializer.extend(
         numpy_helper.from_array(_int64(value), _PREFIX + key) for key, value in constants.items())
     n = _PREFIX
-    prologue = [  # the fused input from the table, the token and the carry
+    row = n + ("row_e" if broadcast else "row_r")
+    prologue = [  # the fused input from the table, the token and the carry (declared with
+        # the step's prefix: it needs no broadcast)
         helper.make_node("Gather", [TABLE, TOKEN], [n + "row"], axis=0),
         helper.make_node("Reshape", [n + "row", n + "row_shape"], [n + "row_r"]),
-        helper.make_node("Expand", [n + "row_r", n + "prefix_shape"], [n + "row_e"]),
-        helper.make_node("Expand", [CARRY, n + "prefix_shape"], [n + "carry_e"]),
-        helper.make_node("Concat", [n + "row_e", n + "carry_e"], [chain.fused_port], axis=-1),
+        *([helper.make_node("Expand", [n + "row_r", n + "prefix_shape"], [row])]
+          if broadcast else []),
+        helper.make_node("Concat", [row, CARRY], [chain.fused_port], axis=-1),
     ]
     epilogue = [  # the argmax of the last score row
         helper.make_node("Flatten", [chain.logits_output], [n + "rows"], axis=logits_rank - 1),
