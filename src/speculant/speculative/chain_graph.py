@@ -140,8 +140,7 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
         numpy_helper.from_array(_int64(value), _PREFIX + key) for key, value in constants.items())
     n = _PREFIX
     row = n + ("row_e" if broadcast else "row_r")
-    prologue = [  # the fused input from the table, the token and the carry (declared with
-        # the step's prefix: it needs no broadcast)
+    prologue = [  # the fused input: the token's row and the carry (declared at the prefix)
         helper.make_node("Gather", [TABLE, TOKEN], [n + "row"], axis=0),
         helper.make_node("Reshape", [n + "row", n + "row_shape"], [n + "row_r"]),
         *([helper.make_node("Expand", [n + "row_r", n + "prefix_shape"], [row])]
