@@ -80,14 +80,15 @@ class _Graph(GraphBuilder):
         self.is_static = cache == "static"
         self._arange: str | None = None  # static form: the `speculant.slots` initializer
 
-    def rename(self, value: str, name: str) -> str:
-        """Give the value ``value`` the name ``name`` wherever it appears (a graph output
-        produced by its node directly, without an Identity, so ONNX Runtime writes it into
-        the buffer bound to that output)."""
+    def own_output(self, name: str, value: str, dims: tuple) -> None:
+        """Expose ``value`` as the graph output ``name`` (package dtype) by renaming it
+        wherever it appears: produced by its node directly, without an Identity, so ONNX
+        Runtime writes it into the buffer bound to that output."""
         for node in self.nodes:
             node.input[:] = [name if v == value else v for v in node.input]
             node.output[:] = [name if v == value else v for v in node.output]
-        return name
+        self.outputs.append(onnx.helper.make_tensor_value_info(name, ELEMENT_TYPES[self.dtype],
+                                                               dims))
 
     def node(self, op_type: str, inputs: list[str], num_outputs: int, hint: str,
              domain: str = "", keep: tuple[int, ...] | None = None, **attrs) -> list[str]:
@@ -252,8 +253,7 @@ class _Graph(GraphBuilder):
             for part, value in zip(("key", "value"), cells, strict=True):
                 name = f"present.{i}.{part}"
                 if self.is_static:
-                    self.outputs.append(onnx.helper.make_tensor_value_info(
-                        self.rename(value, name), ELEMENT_TYPES[dtype], _cache_dims(c, total)))
+                    self.own_output(name, value, _cache_dims(c, total))
                 else:
                     self.add_output(name, value, dtype, _cache_dims(c, total))
 
@@ -409,8 +409,6 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
     h, x = g.add_norm(x, attended, f"{prefix}.post_attention_layernorm.weight")
     state, _ = g.add_norm(x, g.mlp(h, prefix), "drafter.norm.weight")  # [b, s, hidden]
 
-    for name, value, width in (("logits", g.lm_head(state), c.draft_vocab_size),
-                               ("projected_state", state, c.hidden_size)):
-        g.outputs.append(onnx.helper.make_tensor_value_info(
-            g.rename(value, name), ELEMENT_TYPES[dtype], ("batch", "sequence", width)))
+    g.own_output("logits", g.lm_head(state), ("batch", "sequence", c.draft_vocab_size))
+    g.own_output("projected_state", state, ("batch", "sequence", c.hidden_size))
     return g.finish("drafter")
