@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +36,8 @@ print(run.token_ids, engine.seam.counters.snapshot())
 # captured graph would hide its kernels' launches from the sanitizer's view of our own); greedy
 # with a pass queued ahead of the host and its read-back on the reader stream
 STATIC_RUN = """
-import sys, speculant
+import sys, onnxruntime, speculant
+onnxruntime.set_default_logger_severity(3)  # the sanitizer's lines, not ORT's warnings
 from speculant.package.builtin import demo
 from speculant_tools.export import convert
 static = convert(demo(), sys.argv[1] + "/static", "float16", cache="static")
@@ -45,6 +47,28 @@ print(run.token_ids, run.stats.trace, engine.seam.counters.snapshot())
 greedy = engine.generate(engine.tokenizer.encode("def fibonacci(n):"), 24)  # a pass queued ahead
 print(greedy.token_ids, engine.seam.counters.snapshot())
 """
+
+
+# Our own kernels (tensors/cuda_kernels.py: the argmax's shared-memory reduction, the accept
+# kernel, the small writes and the cursor), each run by a test that compares it with the host
+OWN_KERNEL_TESTS = ["tests/tensors/test_cuda_seam.py", "tests/cuda/test_round_in_place_cuda.py",
+                    "tests/cuda/test_rounds_ahead_cuda.py", "-k",
+                    "argmax or accept_kernel or small_writes or cursor_writes"]
+HAZARD = re.compile(r"(Error|Warning): Race reported between (\w+) access at .*? in (.+)$")
+
+
+def sanitizer_summary(code: int, log: str) -> dict:
+    """The sanitizer's own lines (``=========``) and its hazards by kernel, itemized."""
+    lines = [line for line in log.splitlines() if line.startswith("=========")]
+    hazards: dict[str, int] = {}
+    for line in lines:
+        found = HAZARD.search(line)
+        if found:
+            key = f"{found[1]} {found[2]} in {found[3].strip()}"
+            hazards[key] = hazards.get(key, 0) + 1
+    summary = [line for line in lines if "SUMMARY" in line]
+    return {"exit_code": code, "summary": summary, "hazards_by_kernel": hazards,
+            "sanitizer_lines": lines[:60], "tail": log[-600:]}
 
 
 def sh(command: list[str], timeout: int = 600) -> tuple[int, str]:
@@ -148,7 +172,11 @@ def main() -> None:
         for tool in ("memcheck", "racecheck"):
             code, log = sh(["compute-sanitizer", f"--tool={tool}", "--error-exitcode=3",
                             sys.executable, str(script), tempfile.mkdtemp()], timeout=240)
-            fast[f"{tool}_static_in_place_run"] = {"exit_code": code, "tail": log[-1500:]}
+            fast[f"{tool}_static_in_place_run"] = sanitizer_summary(code, log)
+            code, log = sh(["compute-sanitizer", f"--tool={tool}", "--error-exitcode=3",
+                            sys.executable, "-m", "pytest", "-m", "cuda", "-q",
+                            "-p", "no:cacheprovider", *OWN_KERNEL_TESTS], timeout=300)
+            fast[f"{tool}_own_kernels"] = sanitizer_summary(code, log)
         report["compute_sanitizer_fast_path"] = fast
     (out / "cuda-residency.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: report[k] for k in ("device", "versions")}, indent=1))
