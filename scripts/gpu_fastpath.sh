@@ -66,7 +66,7 @@ tests)
   stage "one drafter step at the realistic ~1B shape: explicit against fused attention"
   timeout 90 $py scripts/drafter_step_bench.py --out "$out/drafter-step.json" 2>&1 | grep -v -i warn | tail -30
   stage "CUDA tests (JUnit) and the chained fixture runs"
-  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 420 $py scripts/cuda_evidence.py /tmp/evidence \
+  PYTHONPATH=$PYTHONPATH:$PWD/tests timeout 470 $py scripts/cuda_evidence.py /tmp/evidence \
     --sanitizer-fast-path 2>&1 | tail -30
   cp /tmp/evidence/cuda-residency.json "$out/" 2>/dev/null
   stage "generate on CUDA: static float16 demo pair, chained k=auto, --stats"
