@@ -264,6 +264,8 @@ def print_stats(run_stats) -> None:
                      highlight=False)
     if run_stats.cuda_graphs is not None:
         stderr.print(f"cuda graphs: {run_stats.cuda_graphs}", highlight=False)
+    if run_stats.cpu_pool is not None:
+        stderr.print(f"CPU thread pool: {run_stats.cpu_pool}", highlight=False)
     passes = run_stats.target_passes - 1  # after the prefill
     stderr.print(f"queued ahead of the host: {run_stats.queued_passes} of {passes} passes "
                  "(each queued on the device behind one not read yet)" if run_stats.queued_passes
@@ -278,7 +280,7 @@ def print_stats(run_stats) -> None:
     table = Table(title="counters", show_header=False)
     for key, value in run_stats.as_dict().items():
         if key in ("trace", "proposed_at", "accepted_at", "acceptance_by_position",
-                   "mean_accepted_length", "residency", "cuda_graphs"):
+                   "mean_accepted_length", "residency", "cuda_graphs", "cpu_pool"):
             continue
         table.add_row(key, str(value))
 

@@ -124,6 +124,9 @@ class Engine:
         described = {**self.sessions, **({"draft": self.draft.session} if self.draft else {})}
         self.cuda_graphs = "; ".join(f"{name}: {session.graphs.describe()}"
                                      for name, session in described.items())
+        pool = self.sessions[plan.target].pool  # every session of one engine decides alike
+        self.cpu_pool = pool.describe(" and ".join(f"the {name}" for name in described)) \
+            if pool is not None else None  # None: not on the CPU
         self.target = TargetPass(package.document, plan, self.sessions[plan.target])
         self.vocab_size = package.logits_width
         self.proposer = (ChainedProposer(
@@ -259,6 +262,7 @@ class Engine:
                                   pool=self.static_pool)
         state.stats.proposer = kind.name if kind is not None else None
         state.stats.cuda_graphs = self.cuda_graphs
+        state.stats.cpu_pool = self.cpu_pool
         return state, proposer, k
 
     def _chat_request(self, messages: Messages, options: GenerationOptions

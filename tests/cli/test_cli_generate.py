@@ -101,6 +101,7 @@ def test_generate_speculative_stats(cli, chained_path, engines, k):
                             for i, rate in enumerate(stats.acceptance_by_position))
     assert len(stats.acceptance_by_position) == k
     assert f"acceptance by position: {flat(by_position)}" in text
+    assert stats.cpu_pool and f"CPU thread pool: {flat(stats.cpu_pool)}" in text
     rows = counters(result.stderr)
     for name in ("rounds", "greedy_steps", "target_passes", "drafts_proposed",
                  "accepted_drafts", "rejected_drafts", "full_accepts", "rollbacks",

@@ -44,6 +44,7 @@ from speculant.session.binding import (
 )
 from speculant.session.contracts import SymbolTable
 from speculant.session.graphs import EAGER_ID, OFF, GraphCapture, GraphDecision, refusal_reason
+from speculant.session.pools import ProcessPool
 from speculant.tensors import HOST, TensorSeam, Value
 from speculant.tensors.backend import INSTALL_CUDA
 
@@ -67,6 +68,8 @@ class Invocation:
 
 
 Observer = Callable[[Invocation], None]
+# the process's CPU intra-op pool, made once by the first CPU session that can share it
+PROCESS_POOL = ProcessPool(lambda intra, inter: ort.set_global_thread_pool_sizes(intra, inter))
 
 
 def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
@@ -128,13 +131,14 @@ class ComponentSession:
         providers = provider_for(device, seam, use_tf32=use_tf32)
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        if threads is not None:
+        # the process's one CPU pool where it can (session/pools.py); else its own, spinning
+        # within a run alone: one spinning after its run starves the next session's pool
+        self.pool = PROCESS_POOL.decide(threads) if device == HOST else None
+        if PROCESS_POOL.exists:  # every session's then: ORT refuses CUDA's own pool too
+            options.use_per_session_threads = False
+        elif threads is not None:
             options.intra_op_num_threads = threads
-        if device == HOST:  # the target's and the drafter's pools take turns on the same cores:
-            # a pool that spins after its run starves the other's (SmolLM2 on 2 cores, bench:
-            # chained k=4 0.56x greedy spinning on, 1.12x off); spinning within a run and
-            # stopping when it returns keeps the ops' fast hand-off (the ~100M target's
-            # pass: 18.6 ms against 20.6-23.1 with no spinning, 17.5 spinning on)
+        if device == HOST and not PROCESS_POOL.exists:
             options.add_session_config_entry("session.force_spinning_stop", "1")
         self.graphs = GraphCapture(False, cuda_graphs.reason)
         if cuda_graphs.is_wanted:

@@ -33,6 +33,7 @@ class DecodeStats:
     accepted_at: list[int] = field(default_factory=list)  # [i]: drafts accepted at position i+1
     residency: dict[str, int] = field(default_factory=dict)  # the seam's counters, at the end
     cuda_graphs: str | None = None  # per session: "captured per width, replayed" | "eager (why)"
+    cpu_pool: str | None = None  # "shared by ... (N threads, ...)" | "per session (why)"
     stop_reason: str | None = None
 
     # The decode state (workflow/state.py) is the only caller of the record_* methods.
