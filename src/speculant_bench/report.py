@@ -112,6 +112,7 @@ def summarize(run: BenchRun, command: str) -> dict:
                     "draft": _shown(Path(config.draft)) if config.draft else None,
                     "max_proposal_width": spec.max_proposal_width if spec else None},
         "config": {"device": config.device, "threads": run.threads,
+                   "cpu_pool": run.engine.cpu_pool,
                    "new_tokens": config.new_tokens, "warmup": config.warmup,
                    "repeats": config.repeats, "proposers": list(config.proposers),
                    "k": list(config.ks)},
@@ -239,7 +240,8 @@ def markdown(report: dict) -> str:
         f"logical CPUs), GPU: {m['gpu'] or 'none'}; load average (1 min) "
         f"{m['load_average']['start'][0]:.2f} at the start, {m['load_average']['end'][0]:.2f} "
         "at the end",
-        f"- device: {c['device']}, ONNX Runtime intra-op threads: {c['threads'] or 'default'}",
+        f"- device: {c['device']}, ONNX Runtime intra-op threads: {c['threads'] or 'default'}"
+        + (f"; CPU thread pool: {c['cpu_pool']}" if c.get("cpu_pool") else ""),
         f"- prompts: {p['count']} from {p['source']}, {min(p['lengths'])}–{max(p['lengths'])} "
         f"tokens ({p['truncated']} truncated to fit); {c['new_tokens']} new tokens each, EOS "
         "masked",
