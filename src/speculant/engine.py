@@ -61,9 +61,10 @@ class Engine:
                  unroll_chain: bool = True) -> None:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
         the host-staged configuration that parity tests compare against, never a default.
-        ``threads`` sets ONNX Runtime's intra-op thread count of every session (None: ORT's
-        default, one per physical core). ``draft`` is a greedy-decoder package loaded beside
-        the target as its draft model (``proposer="draft"``), on the same device.
+        ``threads``: ONNX Runtime's intra-op threads (None: its default, one per physical core);
+        CPU sessions share the process's one pool, sized by the first (:attr:`cpu_pool`).
+        ``draft``: a greedy-decoder package loaded beside the target as its draft model
+        (``proposer="draft"``), on the same device.
         ``cuda_graphs`` (True, False, ``"auto"``: on where the package has static caches and
         the device is CUDA) captures each pass plan as a CUDA graph (``session/graphs.py``);
         :attr:`cuda_graphs` says what each session does, and every decode's stats carry it.
