@@ -21,11 +21,12 @@ from speculant.errors import (
     UnsupportedError,
 )
 from speculant.generation import Decode, Generation, Stream
+from speculant.session.session import share_cpu_pool
 from speculant.workflow.options import GenerationOptions
 from speculant.workflow.stats import DecodeStats
 
 __all__ = [
     "AdmissionError", "ChainError", "ContractError", "Decode", "DecodeStats", "Engine",
     "Generation", "GenerationOptions", "MetadataError", "RequestError", "ResidencyError",
-    "SpeculantError", "Stream", "UnsupportedError", "load",
+    "SpeculantError", "Stream", "UnsupportedError", "load", "share_cpu_pool",
 ]

@@ -358,6 +358,9 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # print lone surrogates escaped, never crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    from speculant.session.session import share_cpu_pool
+
+    share_cpu_pool()  # this process is speculant's: its CPU sessions share one ORT pool
     try:
         full_app()(prog_name="speculant")
     except SpeculantError as error:

@@ -62,7 +62,8 @@ class Engine:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
         the host-staged configuration that parity tests compare against, never a default.
         ``threads``: ONNX Runtime's intra-op threads (None: its default, one per physical core);
-        CPU sessions share the process's one pool, sized by the first (:attr:`cpu_pool`).
+        CPU sessions share the process's one pool, sized by the first, where the process
+        allows it (:func:`speculant.share_cpu_pool`; the CLI does) (:attr:`cpu_pool`).
         ``draft``: a greedy-decoder package loaded beside the target as its draft model
         (``proposer="draft"``), on the same device.
         ``cuda_graphs`` (True, False, ``"auto"``: on where the package has static caches and

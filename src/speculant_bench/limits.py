@@ -180,7 +180,7 @@ def cuda_launch_floor(device: str, seam=None, repeats: int = FLOOR_REPEATS) -> M
     try:
         import onnxruntime as ort
 
-        from speculant.session.session import provider_for
+        from speculant.session.session import provider_for, session_options
 
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             return Measured(method, error="this onnxruntime has no CUDAExecutionProvider")
@@ -188,8 +188,7 @@ def cuda_launch_floor(device: str, seam=None, repeats: int = FLOOR_REPEATS) -> M
             providers = provider_for(device, seam, use_tf32=False)
         else:
             providers = [("CUDAExecutionProvider", {"device_id": str(_ordinal(device))})]
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options = session_options()
         session = ort.InferenceSession(launch_floor_model().SerializeToString(), options,
                                        providers=providers)
         if session.get_providers()[0] != "CUDAExecutionProvider":

@@ -18,6 +18,9 @@ SCRIPT = Path(sys.executable).parent / "speculant"
 
 def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["speculant", *args])
+    # main() would allow the process-wide CPU pool for the whole test process (the console
+    # script owns its process; pytest's does not): test_pools runs main() in its own process
+    monkeypatch.setattr("speculant.session.session.share_cpu_pool", lambda: None)
     with pytest.raises(SystemExit) as caught:
         cli_module.main()
     out, err = capsys.readouterr()

@@ -11,9 +11,15 @@ import sys
 import pytest
 
 from builders.writers import write_chained_package
-from speculant.session.pools import PoolDecision, ProcessPool
+from speculant.session.pools import NOT_ALLOWED, PoolDecision, ProcessPool
 
 NOT_APPLIED = "not applied: ONNX Runtime gives no session its own pool once this one exists"
+
+
+def allowed(maker) -> ProcessPool:
+    pools = ProcessPool(maker)
+    pools.allow()  # as the process's owner does (the console script)
+    return pools
 
 
 class FakeMaker:
@@ -31,7 +37,7 @@ class FakeMaker:
 
 def test_the_first_session_makes_the_pool_and_the_same_threads_share_it():
     maker = FakeMaker()
-    pools = ProcessPool(maker)
+    pools = allowed(maker)
     shared = PoolDecision(True, "2 threads, spinning between runs")
     assert pools.decide(2) == shared and pools.decide(2) == shared
     assert maker.calls == [(2, 1)]  # made once, sized as asked, one inter-op thread
@@ -39,16 +45,27 @@ def test_the_first_session_makes_the_pool_and_the_same_threads_share_it():
         "shared by the target (2 threads, spinning between runs)"
 
 
+def test_a_library_process_makes_no_pool_unless_allowed():
+    maker = FakeMaker()
+    pools = ProcessPool(maker)  # another ORT session of the process would be refused its own
+    assert pools.decide(2) == PoolDecision(False, NOT_ALLOWED) and pools.decide(None) == \
+        PoolDecision(False, NOT_ALLOWED)
+    assert maker.calls == [] and not pools.exists
+    assert pools.decide(1).describe() == "per session (threads=1: no pool)"
+    pools.allow()
+    assert pools.decide(2).is_shared and maker.calls == [(2, 1)]
+
+
 def test_the_default_threads_make_a_pool_of_ort_default_size():
     maker = FakeMaker()
-    assert ProcessPool(maker).decide(None) == PoolDecision(
+    assert allowed(maker).decide(None) == PoolDecision(
         True, "ONNX Runtime's default size, spinning between runs")
     assert maker.calls == [(0, 1)]
 
 
 def test_one_thread_makes_no_pool():
     maker = FakeMaker()
-    pools = ProcessPool(maker)
+    pools = allowed(maker)
     decision = pools.decide(1)
     assert decision.describe() == "per session (threads=1: no pool)"
     assert maker.calls == [] and not pools.exists
@@ -56,7 +73,7 @@ def test_one_thread_makes_no_pool():
 
 @pytest.mark.parametrize("threads", [1, 4, None])
 def test_a_count_other_than_the_pools_runs_on_it_and_says_so(threads):
-    pools = ProcessPool(FakeMaker())
+    pools = allowed(FakeMaker())
     pools.decide(2)
     assert pools.decide(threads) == PoolDecision(
         True, f"2 threads, spinning between runs; threads={threads} {NOT_APPLIED}")
@@ -64,7 +81,7 @@ def test_a_count_other_than_the_pools_runs_on_it_and_says_so(threads):
 
 def test_pools_made_outside_speculant_are_shared_and_named():
     maker = FakeMaker("Global thread pools have already been created, cannot replace them")
-    pools = ProcessPool(maker)
+    pools = allowed(maker)
     outside = "ONNX Runtime's process-wide pools, made outside speculant: their size unknown"
     assert pools.decide(2).detail == f"{outside} here; threads=2 {NOT_APPLIED}"
     assert pools.decide(None) == PoolDecision(True, f"{outside} here")
@@ -74,7 +91,7 @@ def test_pools_made_outside_speculant_are_shared_and_named():
 
 def test_a_refused_pool_leaves_every_session_its_own_and_says_why():
     maker = FakeMaker("no such thing")
-    pools = ProcessPool(maker)
+    pools = allowed(maker)
     assert pools.decide(2) == PoolDecision(
         False, "ONNX Runtime refused process-wide pools: no such thing")
     assert pools.decide(2).describe().startswith("per session (ONNX Runtime refused")
@@ -88,6 +105,8 @@ import onnxruntime as ort
 import speculant
 if sys.argv[2] == "outside":
     ort.set_global_thread_pool_sizes(1, 1)
+if sys.argv[2] != "library":
+    speculant.share_cpu_pool()  # as the console script does
 report = []
 for threads in json.loads(sys.argv[3]):
     engine = speculant.load(sys.argv[1], threads=threads)
@@ -106,9 +125,8 @@ print(json.dumps(report))
 """
 
 
-def probe(root, threads: list, outside: bool = False) -> list:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(root),
-                           "outside" if outside else "", json.dumps(threads)],
+def probe(root, threads: list, process: str = "owned") -> list:
+    done = subprocess.run([sys.executable, "-c", PROBE, str(root), process, json.dumps(threads)],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
@@ -133,7 +151,23 @@ def test_engines_of_one_process_share_the_pool_the_first_made(pair):
 
 
 def test_pools_made_outside_speculant_are_shared_and_reported(pair):
-    (engine, pools) = probe(pair, [2], outside=True)
+    (engine, pools) = probe(pair, [2], "outside")
     assert engine["pool"].startswith("shared by the target and the assistant (ONNX Runtime's "
                                      "process-wide pools, made outside speculant")
     assert engine["per_session"] == [False, False] and pools == "pools exist"
+
+
+def test_a_library_process_keeps_per_session_pools_and_ort_its_rules(pair):
+    (engine, pools) = probe(pair, [2], "library")
+    assert engine["pool"] == engine["stats"] == f"per session ({NOT_ALLOWED})"
+    assert engine["per_session"] == [True, True] and engine["intra"] == [2, 2]
+    assert pools == "no pools"  # a program's own sessions keep their own pools too
+
+
+def test_the_console_script_allows_the_pool(pair):
+    done = subprocess.run([sys.executable, "-c", "import sys; from speculant.cli import main; "
+                           "sys.argv[0] = 'speculant'; main()", "generate", str(pair), "--prompt",
+                           "hi", "--max-new-tokens", "4", "--threads", "2", "--stats"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "CPU thread pool: shared by the target and the assistant (2 threads" in done.stderr

@@ -4,11 +4,13 @@ Per-session pools that spin between runs starve each other where the target's an
 drafter's take turns on the same cores; stopping them after each run costs the hand-off. One
 process-wide pool (``onnxruntime.set_global_thread_pool_sizes``) has no rival and keeps
 spinning: the demo pair on 2 cores, greedy 1720 -> 1958 tok/s, chained k=2 1521 -> 1872.
-The first CPU session asking for ``threads`` N != 1 makes it with N (threads=1 needs no pool).
 Once it exists ONNX Runtime refuses any session a pool of its own (CUDA's too: "must be false
-when using a global thread pool"), so every later session runs on it, and a ``threads`` other
-than the pool's is recorded, not applied. A session is never made without per-session threads
-unless the pool exists (ORT would run it on one thread, silently).
+when using a global thread pool"), in speculant or not, so only the process's owner may allow
+it: ``speculant`` (the console script) does, a program calls :func:`speculant.share_cpu_pool`;
+a library process keeps per-session pools. Allowed, the first CPU session asking for
+``threads`` N != 1 makes it with N (threads=1 needs no pool); every later session runs on it,
+and a ``threads`` other than the pool's is recorded, not applied. A session is never made
+without per-session threads unless the pool exists (ORT would run it on one thread, silently).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+NOT_ALLOWED = ("not allowed in this process: every other ONNX Runtime session of it would have "
+               "to share the pool; speculant.share_cpu_pool() allows it, the CLI does")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,11 @@ class ProcessPool:
         self.pool = ""  # what runs the sessions ("": no process-wide pool)
         self.threads: int | None = None  # its size as speculant asked it (None: ORT's default)
         self.refusal = ""  # why ORT made none (never retried)
+        self.is_allowed = False  # by the process's owner (allow): other sessions must share it
+
+    def allow(self) -> None:
+        """The process's owner lets the next CPU session make the pool (once: not undone)."""
+        self.is_allowed = True
 
     @property
     def exists(self) -> bool:
@@ -47,7 +57,7 @@ class ProcessPool:
     def decide(self, threads: int | None) -> PoolDecision:
         """The pool a CPU session asking for ``threads`` (None: ORT's default) runs on."""
         with self.lock:
-            if not self.pool and not self.refusal and threads != 1:
+            if self.is_allowed and not self.pool and not self.refusal and threads != 1:
                 try:
                     self.make_pools(threads or 0, 1)
                     self.threads = threads
@@ -60,7 +70,8 @@ class ProcessPool:
                         self.pool = ("ONNX Runtime's process-wide pools, made outside "
                                      "speculant: their size unknown here")
         if not self.pool:
-            return PoolDecision(False, self.refusal if threads != 1 else "threads=1: no pool")
+            return PoolDecision(False, "threads=1: no pool" if threads == 1 else self.refusal
+                                or NOT_ALLOWED)
         if threads == self.threads:
             return PoolDecision(True, self.pool)
         return PoolDecision(True, f"{self.pool}; threads={threads} not applied: ONNX Runtime "

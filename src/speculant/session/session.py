@@ -72,6 +72,22 @@ Observer = Callable[[Invocation], None]
 PROCESS_POOL = ProcessPool(lambda intra, inter: ort.set_global_thread_pool_sizes(intra, inter))
 
 
+def share_cpu_pool() -> None:
+    """Let speculant's CPU sessions share one process-wide ONNX Runtime pool (session/pools.py):
+    for a process speculant owns; every ONNX Runtime session made in it afterwards must then
+    set ``use_per_session_threads = False`` (ONNX Runtime's rule), as :func:`session_options`
+    does."""
+    PROCESS_POOL.allow()
+
+
+def session_options() -> ort.SessionOptions:
+    """Options for an ONNX Runtime session: quiet, and on the process's pool once it exists."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.use_per_session_threads = not PROCESS_POOL.exists
+    return options
+
+
 def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
     """The execution provider list for ``device`` ("host" or "cuda:N"); never a fallback."""
     if ort is None:
@@ -129,14 +145,11 @@ class ComponentSession:
         self.overlap = overlap
         self.times_to_completion = False
         providers = provider_for(device, seam, use_tf32=use_tf32)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        # the process's one CPU pool where it can (session/pools.py); else its own, spinning
+        # the process's one CPU pool where allowed (session/pools.py); else its own, spinning
         # within a run alone: one spinning after its run starves the next session's pool
         self.pool = PROCESS_POOL.decide(threads) if device == HOST else None
-        if PROCESS_POOL.exists:  # every session's then: ORT refuses CUDA's own pool too
-            options.use_per_session_threads = False
-        elif threads is not None:
+        options = session_options()  # the pool's once it exists: ORT refuses CUDA's own too
+        if threads is not None and not PROCESS_POOL.exists:
             options.intra_op_num_threads = threads
         if device == HOST and not PROCESS_POOL.exists:
             options.add_session_config_entry("session.force_spinning_stop", "1")

@@ -246,10 +246,10 @@ class _Prefill:
     def __init__(self, package_root: str | Path) -> None:
         import onnxruntime as ort
 
+        from speculant.session.session import session_options
+
         settings = read_settings(package_root)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(settings.target_artifact), options,
+        self.session = ort.InferenceSession(str(settings.target_artifact), session_options(),
                                             providers=["CPUExecutionProvider"])
         self.dtype = {"float32": np.float32, "float16": np.float16}[settings.dtype]
         self.is_static = settings.cache == "static"
