@@ -55,18 +55,27 @@ OWN_KERNEL_TESTS = ["tests/tensors/test_cuda_seam.py", "tests/cuda/test_round_in
                     "tests/cuda/test_rounds_ahead_cuda.py", "-k",
                     "argmax_random or argmax_special or accept_kernel or small_writes"
                     " or cursor_writes"]
-HAZARD = re.compile(r"(Error|Warning): Race reported between (\w+) access at .*? in (.+)$")
+# racecheck reports a hazard over two lines: "Error: Race reported between Read access at
+# KERNEL+0x300" then "and Write access at KERNEL+0x5430 [24 hazards]"
+HAZARD = re.compile(r"(Error|Warning): Race reported between (\w+) access at ([^\s+]+)")
+HAZARD_PAIR = re.compile(r"and (\w+) access at ([^\s+]+)\S*(?: \[(\d+) hazards?\])?")
 
 
 def sanitizer_summary(code: int, log: str) -> dict:
-    """The sanitizer's own lines (``=========``) and its hazards by kernel, itemized."""
+    """The sanitizer's own lines (``=========``) and its hazards by kernel, itemized: per
+    "SEVERITY FIRST-ACCESS/SECOND-ACCESS in KERNEL", the reports and the hazards they count."""
     lines = [line for line in log.splitlines() if line.startswith("=========")]
-    hazards: dict[str, int] = {}
-    for line in lines:
-        found = HAZARD.search(line)
-        if found:
-            key = f"{found[1]} {found[2]} in {found[3].strip()}"
-            hazards[key] = hazards.get(key, 0) + 1
+    hazards: dict[str, dict[str, int]] = {}
+    for first, second in zip(lines, lines[1:] + [""], strict=True):
+        found = HAZARD.search(first)
+        if not found:
+            continue
+        pair = HAZARD_PAIR.search(second)
+        kernel = found[3] if not pair or pair[2] == found[3] else f"{found[3]} / {pair[2]}"
+        key = f"{found[1]} {found[2]}/{pair[1] if pair else '?'} in {kernel}"
+        entry = hazards.setdefault(key, {"reports": 0, "hazards": 0})
+        entry["reports"] += 1
+        entry["hazards"] += int(pair[3]) if pair and pair[3] else 1
     summary = [line for line in lines if "SUMMARY" in line]
     return {"exit_code": code, "summary": summary, "hazards_by_kernel": hazards,
             "sanitizer_lines": lines[:60], "tail": log[-600:]}
