@@ -96,6 +96,10 @@ def parse_args(argv=None):
                    help="share of each batch taken from the target's own greedy "
                         "continuations of real 64-token prompts (0: real text only)")
     g.add_argument("--drafter-greedy-pool", type=int, default=1024)
+    g.add_argument("--drafter-init", type=Path, default=None,
+                   help="start from this drafter.safetensors (a drafter trained before, e.g. "
+                        "`speculant export-hf src/speculant/demo` writes one) instead of the "
+                        "target's layer")
     # draft model
     g = p.add_argument_group("draft model")
     g.add_argument("--draft-seconds", type=float, default=60.0)
@@ -571,6 +575,12 @@ def stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, budget, 
                               theta=tv.theta).to(dev)
     g = torch.Generator().manual_seed(args.seed + 22)
     drafter.init_from_target(tv, args.drafter_inproj_noise, g)
+    if args.drafter_init is not None:  # continue a drafter trained before
+        from safetensors.torch import load_file
+
+        drafter.load_export_state(load_file(str(args.drafter_init)))
+        drafter = drafter.to(dev)
+        say(f"drafter: continued from {args.drafter_init}")
     n_tr = count_params(drafter, trainable_only=True)
     J, T, B = args.drafter_unroll, args.seq_len, args.drafter_batch
     say(f"drafter: {n_tr:,} trainable parameters, {J} unrolled steps, budget {budget:.0f}s")
@@ -587,8 +597,8 @@ def stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, budget, 
         seeds = windows(train_ids, args.drafter_greedy_pool, P, gen)
         parts = []
         with torch.no_grad(), autocast(dev, use_bf16):
-            for i in range(0, seeds.shape[0], 256):
-                s = seeds[i:i + 256]
+            for i in range(0, seeds.shape[0], 1024):
+                s = seeds[i:i + 1024]
                 parts.append(torch.cat([s, tv.greedy(s, T - P)], dim=1))
         pool = torch.cat(parts)
         say(f"drafter: greedy pool {tuple(pool.shape)} in {time.time() - t_pool:.1f}s")

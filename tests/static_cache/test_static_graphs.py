@@ -281,7 +281,8 @@ def test_a_planted_defect_breaks_chained_speculation(demo_static, defect):
     want = speculant.load(DEMO).generate(prompt, 40, stop_on_eos=False).token_ids
     table = scaled_table(root, "float32")
     good = chained(StaticTarget(root, 128), StaticDrafter(root), table, prompt, 40, k=4)
-    target = StaticTarget(root, 128, defect=defect if defect == "stale_length" else None)
+    # a stale length grows by k + 1 a round whatever is accepted: room for every round
+    target = StaticTarget(root, 256, defect=defect if defect == "stale_length" else None)
     drafter = StaticDrafter(root, defect=defect if defect == "wrong_layer" else None)
     got, num_accepted = chained(target, drafter, table, prompt, 40, k=4)
     if defect == "stale_length":
