@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from gguf_models import CONFIG
 from typer.testing import CliRunner
@@ -35,9 +36,9 @@ def smollm2(monkeypatch, tmp_path, gguf_path):
     builds = []
     original = builtin._import_smollm2
 
-    def counted(gguf, out, *graph):
+    def counted(gguf, out, *graph, **options):
         builds.append(out)
-        original(gguf, out, *graph)
+        original(gguf, out, *graph, **options)
     monkeypatch.setattr(builtin, "_import_smollm2", counted)
     return builds
 
@@ -187,6 +188,14 @@ def test_with_the_committed_drafter_smollm2_is_a_chained_pair(smollm2, monkeypat
     for k in (1, 2, 4):
         assert engine.generate([3, 4, 5], 10, stop_on_eos=False, proposer="chained",
                                k=k).token_ids == greedy
+    # the CPU's drafter computes with int4 weights (importers.int4), the target does not;
+    # the other devices' folder keeps the float32 drafter
+    def op_types(root, component):
+        return {n.op_type for n in onnx.load(str(Path(root) / component / "model.onnx")).graph.node}
+
+    assert "MatMulNBits" in op_types(engine.package.root, "assistant")
+    assert "MatMulNBits" not in op_types(engine.package.root, "target")
+    assert "MatMulNBits" not in op_types(resolve_package("smollm2", "cuda:0"), "assistant")
 
 
 @pytest.mark.parametrize("bad", [0, 49, 20.0, "20", True])

@@ -55,18 +55,23 @@ def smollm2(device: str = "cpu") -> Path:
     """The folder of the built-in ``smollm2`` package for ``device``, imported into the cache
     on first use: on the CPU with ONNX Runtime's fused float32 kernels (GroupQueryAttention,
     where the model's head width allows it: a multiple of 16, as SmolLM2's 64; greedy
-    1.2–1.28× the node-by-node graph on 2 cores, tokens equal), elsewhere with the
-    node-by-node graph (CUDA has no float32 GroupQueryAttention). One cached folder each."""
+    1.2–1.28× the node-by-node graph on 2 cores, tokens equal) and the drafter's linear
+    layers as int4 MatMulNBits (``importers.int4``: its weights are most of a drafter step
+    there, and a draft is never committed unverified), elsewhere with the node-by-node
+    graph (CUDA has no float32 GroupQueryAttention). One cached folder each."""
     gguf = smollm2_gguf()
-    graph = "fused" if device in ("cpu", "host") else "explicit"
+    is_cpu = device in ("cpu", "host")
+    graph = "fused" if is_cpu else "explicit"
     drafter_files = [DRAFTER_DIR / "drafter.npz", DRAFTER_DIR / "drafter_config.json"]
     key = cache_key([f"format {FORMAT}", f"{gguf.name} {gguf.stat().st_size}",
                        *(sha256(path) for path in drafter_files if path.exists()),
-                       *([f"graph {graph}"] if graph == "fused" else [])])
-    return cached(cache_root(), "smollm2", key, lambda out: _import_smollm2(gguf, out, graph))
+                       *([f"graph {graph}", "drafter int4"] if is_cpu else [])])
+    return cached(cache_root(), "smollm2", key,
+                  lambda out: _import_smollm2(gguf, out, graph, quantize_drafter=is_cpu))
 
 
-def _import_smollm2(gguf: Path, out: Path, graph: str = "explicit") -> None:
+def _import_smollm2(gguf: Path, out: Path, graph: str = "explicit", *,
+                    quantize_drafter: bool = False) -> None:
     from speculant_tools.export.fused import fusable
     from speculant_tools.importers import read_drafter, write_checkpoint
     from speculant_tools.importers.gguf_file import read_gguf
@@ -80,6 +85,11 @@ def _import_smollm2(gguf: Path, out: Path, graph: str = "explicit") -> None:
         progress(f"writing the float32 graphs ({graph})", 0, 1)
         write_checkpoint(checkpoint, out, dtype="float32", graph=graph, drafter=drafter,
                          cache="static")
+        if drafter is not None and quantize_drafter:
+            from speculant_tools.importers.int4 import DRAFTER_ACCURACY_LEVEL, quantize_int4
+
+            progress("the drafter's linear layers as int4", 0, 1)
+            quantize_int4(out / "assistant" / "model.onnx", DRAFTER_ACCURACY_LEVEL)
         progress("done", 1, 1)
 
 

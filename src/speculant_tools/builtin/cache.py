@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-FORMAT = 3  # bump when the importer writes different packages for the same sources
+FORMAT = 4  # bump when the importer writes different packages for the same sources
 MANIFEST = "manifest.json"
 
 
