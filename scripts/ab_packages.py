@@ -5,8 +5,8 @@ package's runners interleaved repeat by repeat, so drift on a shared machine hit
     uv run --extra cpu python scripts/ab_packages.py fp32=PATH,int4=PATH 1,4,auto \
         docs/benchmarks/2026-12-02-cpu-smollm2/prompts.json 8 64
 
-Prints, per package, each runner's median decode tokens/s over 3 repeats (end to end,
-admission included), its ratio to that package's greedy, and its mean accepted length.
+Prints, per package, each runner's median tokens/s over 3 repeats (end to end: admission,
+prefill and decode), its ratio to that package's greedy, and its mean accepted length.
 """
 
 from __future__ import annotations
