@@ -15,7 +15,7 @@ import speculant
 from export.export_models import CONFIG, DRAFTER_WEIGHTS, TARGET_WEIGHTS, write_tokenizer
 from speculant.package.model import Ports
 from speculant.speculative import chain_graph
-from speculant.speculative.chain_graph import DRAFTS, NEXT, TOKEN, TOKENS, StepComponent
+from speculant.speculative.chain_graph import DRAFTS, NEXT64, TOKEN, TOKENS, StepComponent
 from speculant_tools.export import write_pair_package
 
 PROMPT = [3, 17, 8, 22, 5, 3, 17, 8]
@@ -89,7 +89,7 @@ def test_a_step_fed_the_bootstrap_token_again_is_caught(packages, monkeypatch):
     def miswired(step, depth, carry_output):
         made = make(step, depth, carry_output)
         model = onnx.load_from_string(made.source)
-        wrong = f"speculant.chain.s1/{NEXT}"
+        wrong = f"speculant.chain.s1/{NEXT64}"
         for node in model.graph.node:
             if node.name.startswith("speculant.chain.s2/") or node.name == "" and any(
                     name.startswith("speculant.chain.s2/") for name in node.output):
@@ -124,13 +124,28 @@ def test_the_unrolled_graph_repeats_the_step_and_ends_in_the_drafts(packages):
     def nodes_of(j):
         return [n for n in graph.node if any(v.startswith(f"speculant.chain.s{j}/")
                                              for v in n.output)]
-    assert [len(nodes_of(j)) for j in range(1, 5)] == [steps] * 4
+    # each step less its Cast: its int64 argmax feeds the next step's Gather
+    assert [len(nodes_of(j)) for j in range(1, 5)] == [steps - 1] * 4
     # step 0 only feeds step 1 its carry: its scores and argmax are not in the graph (ONNX
     # Runtime would run them), the rest of it is
     first = {n.op_type for n in nodes_of(0)}
     assert "ArgMax" not in first and {"MatMul", "Attention"} <= first
-    assert len(nodes_of(0)) < steps and len(graph.node) == 2 + len(nodes_of(0)) + 4 * steps + 1
+    assert len(nodes_of(0)) < steps
+    assert len(graph.node) == 2 + len(nodes_of(0)) + 4 * (steps - 1) + 2  # + Concat, Cast
+    assert [n.op_type for n in graph.node].count("Cast") == 1 and graph.node[-1].op_type == "Cast"
     assert made.ports.outputs[DRAFTS].dims == [4]
+
+
+def test_a_one_row_step_takes_the_argmax_of_its_scores_without_copying_the_row(packages):
+    """The step graph's epilogue for a one-row step: Flatten (a view), ArgMax, Cast; the row
+    Gather a wider step needs would be one more kernel per step on a device."""
+    engine = speculant.load(packages["float32", "static"], threads=1)
+    from speculant.speculative.chain_graph import step_component
+
+    graph = onnx.load_from_string(step_component(engine.package).source).graph
+    assert [n.op_type for n in graph.node[-3:]] == ["Flatten", "ArgMax", "Cast"]
+    gathers = [n for n in graph.node if n.op_type == "Gather"]
+    assert [n.input[0] for n in gathers] == ["speculant.chain.table"]
 
 
 def test_a_graph_with_a_subgraph_keeps_the_step_plans():

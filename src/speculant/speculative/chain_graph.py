@@ -40,6 +40,7 @@ TABLE = "speculant.chain.table"  # [V_E, W_E] currency: the scaled table
 TOKEN = "speculant.chain.token"  # [1] int32: the token whose successor the step predicts
 CARRY = "speculant.chain.carry"  # [1, ..., 1, W_C] currency: the carry the step is fed
 NEXT = "speculant.chain.next_token"  # [1] int32: argmax of the step's last score row
+NEXT64 = "speculant.chain.next64"  # [1] int64: the same, as ArgMax gives it
 TOKENS = "speculant.chain.tokens"  # [2] int32: s and p, the unrolled chain's first tokens
 DRAFTS = "speculant.chain.drafts"  # [D - 1] int32: the unrolled chain's drafts
 
@@ -133,8 +134,7 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
     broadcast = any(dim != 1 for dim in prefix)  # the row to a step wider than one
     constants = {
         "row_shape": [1] * (rank - 1) + [table.dims[1]],  # [1, ..., 1, W_E]
-        "last_row": -1,
-        **({"prefix_shape": [*prefix, 1]} if broadcast else {}),  # Expand's shape
+        **({"prefix_shape": [*prefix, 1], "last_row": -1} if broadcast else {}),  # Expand, Gather
     }
     graph.initializer.extend(
         numpy_helper.from_array(_int64(value), _PREFIX + key) for key, value in constants.items())
@@ -147,12 +147,13 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
           if broadcast else []),
         helper.make_node("Concat", [row, CARRY], [chain.fused_port], axis=-1),
     ]
-    epilogue = [  # the argmax of the last score row
-        helper.make_node("Flatten", [chain.logits_output], [n + "rows"], axis=logits_rank - 1),
+    rows = helper.make_node("Flatten", [chain.logits_output], [n + "rows"], axis=logits_rank - 1)
+    epilogue = [rows, *([  # the argmax of the last score row ([rows, V]: a view)
         helper.make_node("Gather", [n + "rows", n + "last_row"], [n + "scores"], axis=0),
-        helper.make_node("ArgMax", [n + "scores"], [n + "next64"], axis=0, keepdims=1),
-        helper.make_node("Cast", [n + "next64"], [NEXT], to=TensorProto.INT32),
-    ]
+        helper.make_node("ArgMax", [n + "scores"], [NEXT64], axis=0, keepdims=1),
+    ] if broadcast else [  # one row: its argmax, no copy of the row first
+        helper.make_node("ArgMax", [n + "rows"], [NEXT64], axis=1, keepdims=0),
+    ]), helper.make_node("Cast", [NEXT64], [NEXT], to=TensorProto.INT32)]
     nodes = [*prologue, *graph.node, *epilogue]
     del graph.node[:]
     graph.node.extend(nodes)
@@ -210,11 +211,11 @@ def chain_component(step: StepComponent, depth: int, carry_output: str) -> StepC
     Step ``j``'s nodes are the step graph's, their values prefixed ``speculant.chain.s{j}/``
     (the inputs other than ``TOKEN`` and ``CARRY``, and the initializers, are shared: every
     step reads the same borrowed caches, length and table). Step 0 is fed ``TOKENS[0]`` (s)
-    and ``CARRY``, step 1 ``TOKENS[1]`` (p), step ``j >= 2`` step ``j − 1``'s ``NEXT``; each
-    step's carry output is the next step's carry, as ``chain_steps.py`` binds them. Output:
-    ``DRAFTS = Concat(NEXT_1 … NEXT_{D−1})``; the nodes it does not depend on (step 0's
-    scores and argmax) are dropped. None where a node holds a subgraph (its outer names would
-    need renaming inside it): the chain then runs step by step.
+    and ``CARRY``, step 1 ``TOKENS[1]`` (p), step ``j >= 2`` step ``j − 1``'s ``NEXT64`` (as
+    ArgMax gives it: Gather takes int64); each step's carry output is the next step's carry.
+    Output: ``DRAFTS = Cast(Concat(NEXT64_1 … NEXT64_{D−1}))``; the nodes it does not depend
+    on (step 0's scores and argmax, each step's Cast) are dropped. None where a node holds a
+    subgraph (its outer names would need renaming inside it): step by step then.
     """
     model = onnx.load_from_string(step.source)
     graph = model.graph
@@ -239,10 +240,11 @@ def chain_component(step: StepComponent, depth: int, carry_output: str) -> StepC
                 values[:] = [name if not name or name in shared else
                              fed.get(name, prefix + name) for name in values]
             nodes.append(copy)
-        token = f"{_PREFIX}token1" if j == 0 else prefix + NEXT
+        token = f"{_PREFIX}token1" if j == 0 else prefix + NEXT64  # Gather takes int64
         carry = prefix + carry_output
-    nodes.append(helper.make_node("Concat", [f"{_PREFIX}s{j}/{NEXT}" for j in range(1, depth)],
-                                  [DRAFTS], axis=0))
+    nodes += [helper.make_node("Concat", [f"{_PREFIX}s{j}/{NEXT64}" for j in range(1, depth)],
+                               [DRAFTS + "64"], axis=0),  # one Cast for all drafts
+              helper.make_node("Cast", [DRAFTS + "64"], [DRAFTS], to=TensorProto.INT32)]
     nodes = _live(nodes, DRAFTS)  # step 0's scores and argmax: ONNX Runtime would run them
     del graph.value_info[:]
     del graph.output[:]
