@@ -17,6 +17,9 @@ metadata_app = typer.Typer(no_args_is_help=True, help="Tools for inference_metad
 
 GRAPH_HELP = ("The target's graph: auto (fused kernels for float16), fused (also float32: "
               "CPU only), explicit (node by node).")
+QUANTIZE_DRAFTER_HELP = ("int4: the chained drafter's linear layers as ONNX Runtime's "
+                         "MatMulNBits (a draft is only ever verified: the outputs stay "
+                         "greedy's).")
 CACHE_HELP = ("The KV caches' form: appended (past in, longer present out) or static "
               "(fixed-capacity buffers written in place; docs/design/static-cache.md). "
               "Default: the source package's.")
@@ -30,16 +33,20 @@ def convert(
                                             "chain's currency.")] = "float16",
     graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
     cache: Annotated[str | None, typer.Option(help=CACHE_HELP)] = None,
+    quantize_drafter: Annotated[str | None, typer.Option(help=QUANTIZE_DRAFTER_HELP)] = None,
 ) -> None:
     """Rebuild an exported package's graphs in another dtype (or cache form)."""
     from speculant_tools.export import convert as convert_package
 
     try:
-        convert_package(package, out, dtype=dtype, graph=graph, cache=cache)
+        convert_package(package, out, dtype=dtype, graph=graph, cache=cache,
+                        quantize_drafter=quantize_drafter)
     except SpeculantError as error:
         fail(error)
         return
-    stderr.print(escape(f"wrote {out} ({dtype})"), highlight=False)
+    stderr.print(escape(f"wrote {out} ({dtype}"
+                        f"{f', {quantize_drafter} drafter' if quantize_drafter else ''})"),
+                 highlight=False)
 
 
 @tools.command("export-hf")
@@ -84,6 +91,7 @@ def scale_target(
         help="A real model's shape instead of --params: realistic-1b (hidden 2048, 16 layers, "
              "32/8 heads of 64, MLP 8192), zero-padded to keep the function.")] = None,
     cache: Annotated[str | None, typer.Option(help=CACHE_HELP)] = None,
+    quantize_drafter: Annotated[str | None, typer.Option(help=QUANTIZE_DRAFTER_HELP)] = None,
 ) -> None:
     """Derive a cost-scaled pair with the trained pair's function: wider MLPs, more layers
     (or, with --shape, every dimension of a real model)."""
@@ -93,7 +101,8 @@ def scale_target(
     try:
         result = scale(package, out, params, num_layers=layers,
                        intermediate_size=intermediate, seed=seed, external_data=external_data,
-                       check_tokens=check_tokens, graph=graph, shape=shape, cache=cache)
+                       check_tokens=check_tokens, graph=graph, shape=shape, cache=cache,
+                       quantize_drafter=quantize_drafter)
     except SpeculantError as error:
         fail(error)
         return

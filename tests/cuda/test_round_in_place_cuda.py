@@ -158,3 +158,23 @@ def test_a_greedy_chained_proposal_on_the_device_is_one_replay(pairs, k):
     assert chains and all(session.graphs.is_enabled for session in chains.values())
     assert sum(s.num_invocations for s in chains.values()) == result.stats.rounds
     assert engine.sessions[engine.package.plan.proposer].num_invocations == 1
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8, "auto"])
+def test_an_int4_drafter_runs_in_place_replayed_and_keeps_greedy(demo_static, tmp_path, k):
+    """``--quantize-drafter int4`` on CUDA: MatMulNBits in the captured chain, the outputs
+    greedy's, drafts still accepted, the round still reading back only ids and count."""
+    quantized = convert(demo_static, tmp_path / "int4", "float16", quantize_drafter="int4")
+    engine = speculant.load(quantized, device="cuda")
+    prompt = engine.tokenizer.encode("def fibonacci(n):\n")
+    greedy = engine.generate(prompt, 48, stop_on_eos=False).token_ids
+    engine.generate(prompt, 48, speculative=True, k=k, stop_on_eos=False)  # plans, graphs
+    before = engine.seam.counters.snapshot()
+    result = engine.generate(prompt, 48, speculative=True, k=k, stop_on_eos=False)
+    moved = delta(before, engine.seam.counters.snapshot())
+    stats = result.stats
+    assert result.token_ids == greedy
+    assert stats.accepted_drafts > 0 and stats.residency["graph_replays"] > 0
+    assert moved["host_staging_count"] == 0 and stats.rollback_bytes_moved == 0
+    expected = 4 * (1 + stats.greedy_steps) + sum(4 * (k_r + 2) for k_r, _ in stats.trace)
+    assert moved["device_readback_bytes"] == expected, (moved, stats.trace)

@@ -86,10 +86,10 @@ def _import_smollm2(gguf: Path, out: Path, graph: str = "explicit", *,
         write_checkpoint(checkpoint, out, dtype="float32", graph=graph, drafter=drafter,
                          cache="static")
         if drafter is not None and quantize_drafter:
-            from speculant_tools.importers.int4 import DRAFTER_ACCURACY_LEVEL, quantize_int4
+            from speculant_tools.importers.int4 import quantize_drafter as quantize
 
             progress("the drafter's linear layers as int4", 0, 1)
-            quantize_int4(out / "assistant" / "model.onnx", DRAFTER_ACCURACY_LEVEL)
+            quantize(out, "int4")
         progress("done", 1, 1)
 
 

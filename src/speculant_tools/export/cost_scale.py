@@ -184,14 +184,21 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
                  *, num_layers: int | None = None, intermediate_size: int | None = None,
                  seed: int = 0, external_data: bool | None = None,
                  check_tokens: int = 16, graph: str = "auto", shape: str | None = None,
-                 cache: str | None = None) -> ScaleResult:
+                 cache: str | None = None, quantize_drafter: str | None = None
+                 ) -> ScaleResult:
     """Write the cost-scaled pair of the chained pair at ``package_root`` into ``out_root``
     (same dtype, tokenizer, scale, widths and EOS; the trained drafter). ``shape``: a real
     model's shape (:data:`~speculant_tools.export.widen.SHAPES`; ``params``, ``num_layers``
     and ``intermediate_size`` are then not used); ``cache``: ``appended`` or ``static``
     (None: the source's). With ``check_tokens > 0``, :func:`check_identical` compares it with
     the trained pair on the CPU and raises :class:`ExportError` if the greedy tokens or the
-    chained trace differ."""
+    chained trace differ; ``quantize_drafter="int4"`` then quantizes the drafter
+    (:func:`~speculant_tools.importers.int4.quantize_drafter`: after the check, whose trace
+    is the float drafter's)."""
+    from speculant_tools.importers.int4 import check_drafter_quantization
+    from speculant_tools.importers.int4 import quantize_drafter as quantize
+
+    check_drafter_quantization(quantize_drafter)
     source, out = Path(package_root), Path(out_root)
     if out.resolve() == source.resolve():
         raise ExportError("scale-target writes a new package; out_root is the package itself",
@@ -223,12 +230,14 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
                          layer_order(config.num_hidden_layers, scaled.num_hidden_layers), check)
     (out / RECORD).write_text(json.dumps({"source": str(source), "params": str(params),
                                           "shape": shape, "cache": read_settings(out).cache,
-                                          "seed": seed, **result.record()},
+                                          "seed": seed, "quantize_drafter": quantize_drafter,
+                                          **result.record()},
                                          indent=2) + "\n")
     if check is not None and not (check["greedy_equal"]
                                   and check["chained_trace_equal"] is not False):
         raise ExportError("the cost-scaled pair decodes differently from the trained pair",
                           file=str(out / RECORD), value=check)
+    quantize(out, quantize_drafter)
     return result
 
 

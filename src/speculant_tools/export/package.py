@@ -324,11 +324,16 @@ def read_weights(package_root: str | Path) -> tuple[LlamaConfig, dict[str, np.nd
 
 def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16", *,
             external_data: bool | None = None, graph: str = "auto",
-            cache: str | None = None) -> Path:
+            cache: str | None = None, quantize_drafter: str | None = None) -> Path:
     """Rebuild a package written by this module in ``dtype`` (the chain's currency: table,
     carry and fused port follow it) and ``cache`` form (None: the source's). Scale, widths,
-    EOS and tokenizer are kept."""
+    EOS and tokenizer are kept. ``quantize_drafter="int4"``: the drafter's linear layers as
+    MatMulNBits (:func:`~speculant_tools.importers.int4.quantize_drafter`)."""
+    from speculant_tools.importers.int4 import check_drafter_quantization
+    from speculant_tools.importers.int4 import quantize_drafter as quantize
+
     dtype = check_dtype(dtype)
+    check_drafter_quantization(quantize_drafter)
     source, out = Path(package_root), Path(out_root)
     if out.resolve() == source.resolve():
         raise ExportError("convert writes a new package; out_root is the package itself",
@@ -337,13 +342,16 @@ def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float1
     cache = check_cache(settings.cache if cache is None else cache)
     config, target, drafter = read_weights(source)
     if drafter is None:
+        quantize(source, quantize_drafter)  # a typed error if it asks for a drafter's
         return write_decoder_package(out, target, config, settings.tokenizer, dtype=dtype,
                                      eos_id=settings.eos_id,
                                      rollback_positions=settings.rollback_positions,
                                      external_data=external_data, graph=graph, cache=cache)
-    return write_pair_package(out, target, config, drafter, settings.tokenizer, dtype=dtype,
-                              scale=settings.scale,
-                              max_proposal_width=settings.max_proposal_width or 8,
-                              eos_id=settings.eos_id,
-                              rollback_positions=settings.rollback_positions,
-                              external_data=external_data, graph=graph, cache=cache)
+    written = write_pair_package(out, target, config, drafter, settings.tokenizer,
+                                 dtype=dtype, scale=settings.scale,
+                                 max_proposal_width=settings.max_proposal_width or 8,
+                                 eos_id=settings.eos_id,
+                                 rollback_positions=settings.rollback_positions,
+                                 external_data=external_data, graph=graph, cache=cache)
+    quantize(written, quantize_drafter)
+    return written

@@ -1,4 +1,5 @@
-"""``--quantize int4``: the target's linear layers as ONNX Runtime's ``MatMulNBits``.
+"""``--quantize int4``: the target's linear layers as ONNX Runtime's ``MatMulNBits``;
+``--quantize-drafter int4``: a chained drafter's (:func:`quantize_drafter`).
 
 Weights are quantized blockwise (32 per block, symmetric 4-bit, one float32 scale per block)
 by ONNX Runtime's own ``MatMulNBitsQuantizer``; the token table stays float32 (a Gather reads
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 1  # float32 compute: a k-token pass equals k one-token passes
@@ -25,6 +26,7 @@ ACCURACY_LEVEL = 1  # float32 compute: a k-token pass equals k one-token passes
 # the same acceptance, chained k=4 1.14x -> 1.33x greedy
 # (docs/benchmarks/2026-12-04-cpu-smollm2-int4-drafter/)
 DRAFTER_ACCURACY_LEVEL = 4
+DRAFTER_QUANTIZATIONS = (None, "int4")
 
 
 def _pretranspose(model: onnx.ModelProto) -> None:
@@ -64,12 +66,49 @@ def quantize_int4(path: Path, accuracy_level: int = ACCURACY_LEVEL) -> int:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)
+    external = {entry.value for tensor in model.graph.initializer
+                if external_data_helper.uses_external_data(tensor)
+                for entry in tensor.external_data if entry.key == "location"}
+    external_data_helper.load_external_data_for_model(model, str(path.parent))
     _pretranspose(model)
     quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=BLOCK_SIZE, is_symmetric=True,
                                      accuracy_level=accuracy_level)
     quantizer.process()
     quantized = quantizer.model.model
     count = sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)
-    onnx.save(quantized, str(path))
+    onnx.save(quantized, str(path))  # inline: int4 weights are an eighth of float32's
+    for location in external:
+        (path.parent / location).unlink(missing_ok=True)
     return count
+
+
+def check_drafter_quantization(quantization: str | None) -> str | None:
+    """``quantization`` if it is one of :data:`DRAFTER_QUANTIZATIONS` (an ExportError
+    otherwise): checked before a package is written."""
+    from speculant_tools.export.config import ExportError
+
+    if quantization not in DRAFTER_QUANTIZATIONS:
+        raise ExportError("unknown drafter quantization", path="quantize_drafter",
+                          value=quantization, expected="int4, or none")
+    return quantization
+
+
+def quantize_drafter(package: Path, quantization: str | None) -> int:
+    """The chained drafter of the pair at ``package`` (``assistant/model.onnx``) with its
+    linear layers as int4 ``MatMulNBits`` at :data:`DRAFTER_ACCURACY_LEVEL`, in any dtype:
+    a draft decides only what is verified, never what is committed, so the outputs stay
+    greedy's and only acceptance may move. On CUDA a drafter step's seven matrix-vector
+    products read a quarter of the bytes (docs/benchmarks/2026-12-04-cuda-real1b-int4-drafter/).
+    Returns the count of MatMulNBits (0 for ``None``)."""
+    from speculant_tools.export.config import ExportError
+
+    if check_drafter_quantization(quantization) is None:
+        return 0
+    path = Path(package) / "assistant" / "model.onnx"
+    if not path.is_file():
+        raise ExportError("the package has no chained drafter to quantize", file=str(path),
+                          path="quantize_drafter", value=quantization,
+                          remedy="quantize a pair's drafter (a package written with one), or "
+                                 "leave --quantize-drafter out")
+    return quantize_int4(path, DRAFTER_ACCURACY_LEVEL)
