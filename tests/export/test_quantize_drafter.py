@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 import speculant
-from speculant_tools.export import convert
+from speculant_tools.export import convert, export_hf
 from speculant_tools.export.config import ExportError
 from speculant_tools.export.cost_scale import scale_target
 
@@ -66,3 +66,11 @@ def test_refusals(pair_root, decoder_root, tmp_path):
     with pytest.raises(ExportError, match="no chained drafter") as none:
         convert(decoder_root, tmp_path / "b", quantize_drafter="int4")
     assert none.value.problems[0].remedy and not (tmp_path / "b").exists()
+
+
+def test_an_int4_drafter_cannot_be_read_back_but_its_target_exports(quantized, tmp_path):
+    with pytest.raises(ExportError, match="int4") as error:
+        convert(quantized, tmp_path / "again", "float32")
+    assert "--quantize-drafter" in error.value.problems[0].remedy
+    out = export_hf(quantized, tmp_path / "hf")  # the anchors' checkpoint: the target alone
+    assert (out / "model.safetensors").is_file() and not (out / "drafter.safetensors").exists()

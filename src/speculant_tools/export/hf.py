@@ -14,19 +14,22 @@ import shutil
 from pathlib import Path
 
 from speculant_tools.export.config import ExportError
-from speculant_tools.export.package import read_settings, read_weights
+from speculant_tools.export.package import drafter_is_quantized, read_settings, read_weights
 
 
 def export_hf(package_root: str | Path, out_dir: str | Path) -> Path:
     """The checkpoint of a package written by :mod:`speculant_tools.export`, in the package dtype.
-    ``transformers.LlamaForCausalLM.from_pretrained(out_dir)`` loads it."""
+    ``transformers.LlamaForCausalLM.from_pretrained(out_dir)`` loads it. An int4 drafter
+    (``--quantize-drafter``) has no float weights: the target is written alone."""
     try:
         from safetensors.numpy import save_file
     except ImportError:
         raise ExportError("export_hf writes model.safetensors and needs the safetensors "
                           "package", remedy="pip install safetensors") from None
     settings = read_settings(package_root)
-    config, target, drafter = read_weights(package_root)
+    quantized = settings.assistant_artifact is not None and \
+        drafter_is_quantized(settings.assistant_artifact)
+    config, target, drafter = read_weights(package_root, with_drafter=not quantized)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hf_config = config.to_hf(settings.dtype, eos_token_id=settings.eos_id)

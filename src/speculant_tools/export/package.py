@@ -300,18 +300,25 @@ def _arrays(tensors: Mapping[str, onnx.TensorProto], names: list[str],
     return {name: numpy_helper.to_array(tensors[name]) for name in names}
 
 
-def read_weights(package_root: str | Path) -> tuple[LlamaConfig, dict[str, np.ndarray],
-                                                    dict[str, np.ndarray] | None]:
+def read_weights(package_root: str | Path, *, with_drafter: bool = True
+                 ) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
     """``(config, target_weights, drafter_weights)`` from the graphs' initializers, exactly
-    as written (the package dtype). ``drafter_weights`` is None for a decoder package."""
+    as written (the package dtype). ``drafter_weights`` is None for a decoder package (or
+    ``with_drafter=False``); an int4 drafter (``--quantize-drafter``) has no float weights to
+    read: an ExportError with the remedy."""
     settings = read_settings(package_root)
     config, tensors = _initializers(settings.target_artifact)
     if config is None:
         raise ExportError(f"the model has no {CONFIG_KEY} metadata (not written by "
                           "speculant_tools.export)", file=str(settings.target_artifact))
     target = _arrays(tensors, list(target_shapes(config)), settings.target_artifact)
-    if settings.assistant_artifact is None:
+    if settings.assistant_artifact is None or not with_drafter:
         return config, target, None
+    if drafter_is_quantized(settings.assistant_artifact):
+        raise ExportError("the drafter's linear layers are int4 (MatMulNBits): its float "
+                          "weights are not in the package", file=str(settings.assistant_artifact),
+                          remedy="convert or scale the float package, then quantize the "
+                                 "result's drafter (--quantize-drafter int4)")
     _, tensors = _initializers(settings.assistant_artifact)
     names = list(drafter_shapes(config))
     drafter = _arrays(tensors, [EMBEDDING, *names], settings.assistant_artifact)
@@ -320,6 +327,12 @@ def read_weights(package_root: str | Path) -> tuple[LlamaConfig, dict[str, np.nd
                           f"target's first {config.draft_vocab_size} rows",
                           file=str(settings.assistant_artifact))
     return config, target, drafter
+
+
+def drafter_is_quantized(artifact: Path) -> bool:
+    """Whether the drafter graph at ``artifact`` has int4 linear layers (MatMulNBits)."""
+    graph = onnx.load(str(artifact), load_external_data=False).graph
+    return any(node.op_type == "MatMulNBits" for node in graph.node)
 
 
 def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16", *,
