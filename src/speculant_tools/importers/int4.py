@@ -58,9 +58,12 @@ def _pretranspose(model: onnx.ModelProto) -> None:
     model.graph.initializer.extend(live)
 
 
-def quantize_int4(path: Path, accuracy_level: int = ACCURACY_LEVEL) -> int:
+def quantize_int4(path: Path, accuracy_level: int = ACCURACY_LEVEL, *, bits: int = 4,
+                  block_size: int = BLOCK_SIZE, symmetric: bool = True,
+                  keep: frozenset[str] = frozenset()) -> int:
     """Rewrite the float32 graph at ``path`` with int4 MatMulNBits; returns their count
-    (the caller checked the dtype: ``checkpoint.check_quantize``)."""
+    (the caller checked the dtype: ``checkpoint.check_quantize``). ``bits``, ``block_size``,
+    ``symmetric`` and ``keep`` (weights left in float) are for scripts/drafter_quant_sweep.py."""
     import logging
 
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -72,8 +75,11 @@ def quantize_int4(path: Path, accuracy_level: int = ACCURACY_LEVEL) -> int:
                 for entry in tensor.external_data if entry.key == "location"}
     external_data_helper.load_external_data_for_model(model, str(path.parent))
     _pretranspose(model)
-    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=BLOCK_SIZE, is_symmetric=True,
-                                     accuracy_level=accuracy_level)
+    kept = [node.name for node in model.graph.node if node.op_type == "MatMul"
+            and any(name.removesuffix(".T") in keep for name in node.input)]
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size,
+                                     is_symmetric=symmetric, accuracy_level=accuracy_level,
+                                     nodes_to_exclude=kept)
     quantizer.process()
     quantized = quantizer.model.model
     count = sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)
