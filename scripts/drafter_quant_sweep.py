@@ -11,7 +11,6 @@ Prints each variant's row (tok/s, × greedy, mean accepted length, ms a round).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -37,12 +36,8 @@ def variant_package(source: Path, work: Path, name: str, options: dict | None) -
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     for entry in source.iterdir():
-        if entry.name == "assistant":
-            shutil.copytree(entry, out / entry.name)
-        elif entry.is_dir():  # hard links: the package admits no symlink leaving it
-            shutil.copytree(entry, out / entry.name, copy_function=os.link)
-        else:
-            os.link(entry, out / entry.name)
+        # copies: a package admits no symlink leaving it, ONNX no hard-linked external data
+        (shutil.copytree if entry.is_dir() else shutil.copyfile)(entry, out / entry.name)
     quantize_int4(out / "assistant" / "model.onnx", DRAFTER_ACCURACY_LEVEL, **options)
     return out
 
