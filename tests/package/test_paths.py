@@ -173,6 +173,21 @@ def test_external_data_beside_the_model_is_accepted(tmp_path: Path) -> None:
     assert load_package(tmp_path).graphs["decoder"].graph.initializer[0].name == "bias"
 
 
+def test_hard_linked_external_data_is_refused_at_load(tmp_path: Path) -> None:
+    """ONNX refuses to read an external-data file with more than one link (a possible
+    hard-link attack), first when the chain reads its table, mid-request: load says so."""
+    write_package(tmp_path / "p", base("greedy"),
+                  graphs={"decoder": with_external_table("w.bin")})
+    data = tmp_path / "p" / "decoder" / "w.bin"
+    data.write_bytes(bytes(16))
+    os.link(data, tmp_path / "elsewhere.bin")
+    problem = only_problem_at(load_error(tmp_path / "p"), ARTIFACT)
+    assert "2 hard links" in problem.message and problem.value == "w.bin"
+    assert "copy the file" in problem.remedy and problem.file.endswith("model.onnx")
+    (tmp_path / "elsewhere.bin").unlink()  # one link again: it loads
+    assert load_package(tmp_path / "p").graphs["decoder"].graph.initializer[0].name == "bias"
+
+
 def test_external_data_in_a_textproto(tmp_path: Path) -> None:
     doc = setv(base("greedy"), ARTIFACT, "decoder/model.onnx.textproto")
     write_package(tmp_path, doc, graphs={"decoder": with_external_table("w.bin")})

@@ -78,5 +78,12 @@ def confine_external_data(root: Path, external: list[tuple[str, str]], model_fil
         by_location.setdefault(location, []).append(tensor_name)
     for location, names in by_location.items():
         others = f" (and {len(names) - 1} more in that file)" if len(names) > 1 else ""
-        confine(root, location, path, problems, base=model_file.parent, file=str(model_file),
-                what=f"external data of initializer '{names[0]}'{others}")
+        what = f"external data of initializer '{names[0]}'{others}"
+        resolved = confine(root, location, path, problems, base=model_file.parent,
+                           file=str(model_file), what=what)
+        if resolved is not None and resolved.stat().st_nlink > 1:  # ONNX refuses to read it
+            problems.add(MetadataError, f"{what} '{location}' has {resolved.stat().st_nlink} "
+                         "hard links; ONNX refuses to read such a file (a possible hard-link "
+                         "attack)", path=path, value=location, file=str(model_file),
+                         expected="a file with one link",
+                         remedy="copy the file into the package instead of hard-linking it")
