@@ -30,11 +30,14 @@ dear at every width, and SmolLM2's chain on the CPU stayed at k = 8);
   average, 0 until measured, an interval over :data:`STALL_SECONDS` not counted: a consumer
   that paused). It is paid once per round
   whatever the width — on the H200 it was larger than the verify pass itself — so leaving it
-  out makes short widths look cheaper than they are;
+  out makes short widths look cheaper than they are. A greedy step's is measured apart
+  (``t_round(0)``, the speculative rounds' until one is measured): on 2 CPU cores the demo
+  pair's greedy step spent 0.08 ms outside its pass and a chained round 0.2 ms, and one time
+  for both made drafting look worth it where it lost to greedy;
 
 the round runs at the ``k`` that maximizes the expected committed tokens per second
 
-    rate(k) = E[a | k] / (t_propose(k) + t_verify(k + 1) + t_round),
+    rate(k) = E[a | k] / (t_propose(k) + t_verify(k + 1) + t_round(k)),
     E[a | k] = 1 + Σ_{j≤k} Π_{i≤j} p_i
 
 (``a``: tokens committed by the round, the correction or bonus included; ties go to the
@@ -92,14 +95,16 @@ def expected_tokens(acceptance: Sequence[float], k: int) -> float:
 
 
 def best_k(acceptance: Sequence[float], propose_seconds: Sequence[float],
-           verify_seconds: Sequence[float], round_seconds: float = 0.0) -> int:
+           verify_seconds: Sequence[float], round_seconds: float = 0.0,
+           greedy_round_seconds: float | None = None) -> int:
     """The width in ``0 … len(acceptance)`` with the most expected tokens per second;
     ``propose_seconds[k]`` proposes ``k`` drafts, ``verify_seconds[n - 1]`` is a pass over
     ``n`` tokens (``len(acceptance) + 1`` entries each), ``round_seconds`` the rest of a
-    round, paid at every width."""
+    round, paid at every width (``greedy_round_seconds`` at k = 0, where measured)."""
     best, best_rate = 0, -1.0
     for k in range(len(acceptance) + 1):
-        seconds = (propose_seconds[k] if k else 0.0) + verify_seconds[k] + round_seconds
+        outside = round_seconds if k or greedy_round_seconds is None else greedy_round_seconds
+        seconds = (propose_seconds[k] if k else 0.0) + verify_seconds[k] + outside
         rate = expected_tokens(acceptance, k) / seconds if seconds > 0 else float("inf")
         if rate > best_rate:
             best, best_rate = k, rate
@@ -153,6 +158,7 @@ class WidthCosts:
     verify: WidthTable = field(default_factory=WidthTable)  # n tokens -> seconds of a pass
     propose: dict[str, WidthTable] = field(default_factory=dict)  # kind -> k -> seconds
     round_seconds: float = 0.0  # t_round: a round's time outside its proposal and verify
+    greedy_round_seconds: float | None = None  # t_round(0): a greedy step's (None: not yet)
     verified_seconds: float = 0.0  # the settled observed target passes' seconds, summed
     # (width or 0, call) of target passes observed, their seconds not asked yet: asking
     # an overlapped replay's waits for its end, so it waits until the round reads back
@@ -188,9 +194,14 @@ class WidthCosts:
             if width:
                 self.verify.observe(width, seconds)
 
-    def observe_round(self, seconds: float) -> None:
-        if 0.0 <= seconds <= STALL_SECONDS:
+    def observe_round(self, seconds: float, width: int = 1) -> None:
+        """A round of ``width`` drafts (0: a greedy step) spent ``seconds`` outside both."""
+        if not 0.0 <= seconds <= STALL_SECONDS:
+            return
+        if width:
             self.round_seconds = _moving_time(self.round_seconds or None, seconds)
+        else:
+            self.greedy_round_seconds = _moving_time(self.greedy_round_seconds, seconds)
 
     def verify_seconds(self, max_width: int) -> list[float]:
         """``t_verify(n)`` for ``n = 1 … max_width``."""
@@ -281,7 +292,8 @@ class WidthController:
 
     def choose(self, costs: WidthCosts, kind: str) -> int:
         k = best_k(self.acceptance, costs.propose_seconds(kind, self.max_k),
-                   costs.verify_seconds(self.max_k + 1), costs.round_seconds)
+                   costs.verify_seconds(self.max_k + 1), costs.round_seconds,
+                   costs.greedy_round_seconds)
         if k == 0 and self.num_greedy_in_a_row >= PROBE_EVERY:
             k = 1  # a probe: keep the acceptance measured
         k, self.reach = max(k, self.reach), 0  # one position past a full accept
@@ -300,9 +312,9 @@ class AutoWidthProposer:
         self._num_rounds_seen = 0
         self.chosen: list[int] = []  # the width asked of the proposer, per proposal
         self._widths_proposed = {0}  # widths proposed in this request (0: never timed)
-        # when the last proposal returned, and the verify seconds and the proposals' work
-        # seconds past their host's observed by then
-        self._last: tuple[float, float, float] | None = None
+        # when the last proposal returned, its drafts, and the verify seconds and the
+        # proposals' work seconds past their host's observed by then
+        self._last: tuple[float, int, float, float] | None = None
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         width = self._choose(state, k)  # 0: drafting does not pay now, a greedy step
@@ -321,10 +333,10 @@ class AutoWidthProposer:
 
     def _choose(self, state: DecodeState, k: int) -> int:
         if self._last is not None:  # the last round's time outside its proposal and verify
-            returned, verified, beyond = self._last
+            returned, width, verified, beyond = self._last
             costs = self.costs
             costs.observe_round(time.perf_counter() - returned - (costs.verify_total - verified)
-                                - (costs.settle_proposals() - beyond))
+                                - (costs.settle_proposals() - beyond), width)
         trace = state.stats.trace
         for round_k, num_accepted in trace[self._num_rounds_seen:]:
             self.controller.observe(round_k, num_accepted)
@@ -344,5 +356,6 @@ class AutoWidthProposer:
         costs.add_proposal(self.kind, proposal.k, proposing,
                            timed=proposal.k in self._widths_proposed)
         self._widths_proposed.add(proposal.k)
-        self._last = (time.perf_counter(), costs.verify_total, costs.settle_proposals())
+        self._last = (time.perf_counter(), proposal.k, costs.verify_total,
+                      costs.settle_proposals())
         return proposal
