@@ -151,7 +151,8 @@ LAYERS = {
 # 11,970 -> 11,980 (2026-12-04): the step graph's one-row argmax without a row Gather (two
 # kernels fewer a drafter step) and load refusing hard-linked external data (ONNX refused
 # it only mid-request, as an internal error).
-RUNTIME_LINE_BUDGET = 11_980
+# 11,980 -> 11,990: k=auto's greedy steps priced by their own round time (t_round(0)).
+RUNTIME_LINE_BUDGET = 11_990
 MODULE_LINE_LIMIT = 500
 
 

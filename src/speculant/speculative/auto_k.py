@@ -30,10 +30,9 @@ dear at every width, and SmolLM2's chain on the CPU stayed at k = 8);
   average, 0 until measured, an interval over :data:`STALL_SECONDS` not counted: a consumer
   that paused). It is paid once per round
   whatever the width — on the H200 it was larger than the verify pass itself — so leaving it
-  out makes short widths look cheaper than they are. A greedy step's is measured apart
-  (``t_round(0)``, the speculative rounds' until one is measured): on 2 CPU cores the demo
-  pair's greedy step spent 0.08 ms outside its pass and a chained round 0.2 ms, and one time
-  for both made drafting look worth it where it lost to greedy;
+  out makes short widths look cheaper than they are. A greedy step's is its own
+  (``t_round(0)``; the others' until measured): on 2 CPU cores 0.08 ms against a chained
+  round's 0.2, and one figure for both made drafting look worth it where greedy won;
 
 the round runs at the ``k`` that maximizes the expected committed tokens per second
 
@@ -196,11 +195,9 @@ class WidthCosts:
 
     def observe_round(self, seconds: float, width: int = 1) -> None:
         """A round of ``width`` drafts (0: a greedy step) spent ``seconds`` outside both."""
-        if not 0.0 <= seconds <= STALL_SECONDS:
-            return
-        if width:
+        if 0.0 <= seconds <= STALL_SECONDS and width:
             self.round_seconds = _moving_time(self.round_seconds or None, seconds)
-        else:
+        elif 0.0 <= seconds <= STALL_SECONDS:
             self.greedy_round_seconds = _moving_time(self.greedy_round_seconds, seconds)
 
     def verify_seconds(self, max_width: int) -> list[float]:
