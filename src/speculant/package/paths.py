@@ -81,8 +81,9 @@ def confine_external_data(root: Path, external: list[tuple[str, str]], model_fil
         what = f"external data of initializer '{names[0]}'{others}"
         resolved = confine(root, location, path, problems, base=model_file.parent,
                            file=str(model_file), what=what)
-        if resolved is not None and resolved.stat().st_nlink > 1:  # ONNX refuses to read it
-            problems.add(MetadataError, f"{what} '{location}' has {resolved.stat().st_nlink} "
+        links = resolved.stat().st_nlink if resolved is not None else 1
+        if links > 1:  # ONNX refuses to read it
+            problems.add(MetadataError, f"{what} '{location}' has {links} "
                          "hard links; ONNX refuses to read such a file (a possible hard-link "
                          "attack)", path=path, value=location, file=str(model_file),
                          expected="a file with one link",

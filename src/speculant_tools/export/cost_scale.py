@@ -198,12 +198,12 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
     from speculant_tools.importers.int4 import check_drafter_quantization
     from speculant_tools.importers.int4 import quantize_drafter as quantize
 
-    check_drafter_quantization(quantize_drafter)
     source, out = Path(package_root), Path(out_root)
     if out.resolve() == source.resolve():
         raise ExportError("scale-target writes a new package; out_root is the package itself",
                           value=str(out))
     settings = read_settings(source)
+    check_drafter_quantization(quantize_drafter, source, settings.assistant_artifact)
     config, target, drafter = read_weights(source)
     if drafter is None:
         raise ExportError("scale-target needs a chained pair (target + drafter)",

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from speculant_tools.export.config import ExportError
-from speculant_tools.export.package import drafter_is_quantized, read_settings, read_weights
+from speculant_tools.export.package import read_settings, read_weights
 
 
 def export_hf(package_root: str | Path, out_dir: str | Path) -> Path:
@@ -27,9 +27,7 @@ def export_hf(package_root: str | Path, out_dir: str | Path) -> Path:
         raise ExportError("export_hf writes model.safetensors and needs the safetensors "
                           "package", remedy="pip install safetensors") from None
     settings = read_settings(package_root)
-    quantized = settings.assistant_artifact is not None and \
-        drafter_is_quantized(settings.assistant_artifact)
-    config, target, drafter = read_weights(package_root, with_drafter=not quantized)
+    config, target, drafter = read_weights(package_root, skip_int4_drafter=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hf_config = config.to_hf(settings.dtype, eos_token_id=settings.eos_id)

@@ -282,14 +282,17 @@ def _artifact(root: Path, component: Mapping[str, Any]) -> Path:
     return root / artifact
 
 
-def _initializers(path: Path) -> tuple[LlamaConfig | None, dict[str, onnx.TensorProto]]:
+def _initializers(path: Path) -> tuple[LlamaConfig | None, dict[str, onnx.TensorProto], bool]:
+    """The graph's config, its initializers by name, and whether it has int4 linear layers
+    (MatMulNBits: ``--quantize-drafter``)."""
     try:
         model = onnx.load(str(path))
     except (OSError, DecodeError) as error:
         raise ExportError(f"cannot read the model: {error}", file=str(path)) from None
     props = {p.key: p.value for p in model.metadata_props}
     config = LlamaConfig.from_json(props[CONFIG_KEY]) if CONFIG_KEY in props else None
-    return config, {t.name: t for t in model.graph.initializer}
+    return (config, {t.name: t for t in model.graph.initializer},
+            any(node.op_type == "MatMulNBits" for node in model.graph.node))
 
 
 def _arrays(tensors: Mapping[str, onnx.TensorProto], names: list[str],
@@ -300,26 +303,28 @@ def _arrays(tensors: Mapping[str, onnx.TensorProto], names: list[str],
     return {name: numpy_helper.to_array(tensors[name]) for name in names}
 
 
-def read_weights(package_root: str | Path, *, with_drafter: bool = True
+def read_weights(package_root: str | Path, *, skip_int4_drafter: bool = False
                  ) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, np.ndarray] | None]:
     """``(config, target_weights, drafter_weights)`` from the graphs' initializers, exactly
-    as written (the package dtype). ``drafter_weights`` is None for a decoder package (or
-    ``with_drafter=False``); an int4 drafter (``--quantize-drafter``) has no float weights to
-    read: an ExportError with the remedy."""
+    as written (the package dtype). ``drafter_weights`` is None for a decoder package. An
+    int4 drafter (``--quantize-drafter``) has no float weights to read: an ExportError with
+    the remedy (``skip_int4_drafter``: None for it instead)."""
     settings = read_settings(package_root)
-    config, tensors = _initializers(settings.target_artifact)
+    config, tensors, _ = _initializers(settings.target_artifact)
     if config is None:
         raise ExportError(f"the model has no {CONFIG_KEY} metadata (not written by "
                           "speculant_tools.export)", file=str(settings.target_artifact))
     target = _arrays(tensors, list(target_shapes(config)), settings.target_artifact)
-    if settings.assistant_artifact is None or not with_drafter:
+    if settings.assistant_artifact is None:
         return config, target, None
-    if drafter_is_quantized(settings.assistant_artifact):
+    _, tensors, is_int4 = _initializers(settings.assistant_artifact)
+    if is_int4 and skip_int4_drafter:
+        return config, target, None
+    if is_int4:
         raise ExportError("the drafter's linear layers are int4 (MatMulNBits): its float "
                           "weights are not in the package", file=str(settings.assistant_artifact),
                           remedy="convert or scale the float package, then quantize the "
                                  "result's drafter (--quantize-drafter int4)")
-    _, tensors = _initializers(settings.assistant_artifact)
     names = list(drafter_shapes(config))
     drafter = _arrays(tensors, [EMBEDDING, *names], settings.assistant_artifact)
     if not np.array_equal(drafter.pop(EMBEDDING), target[EMBEDDING][:config.draft_vocab_size]):
@@ -327,12 +332,6 @@ def read_weights(package_root: str | Path, *, with_drafter: bool = True
                           f"target's first {config.draft_vocab_size} rows",
                           file=str(settings.assistant_artifact))
     return config, target, drafter
-
-
-def drafter_is_quantized(artifact: Path) -> bool:
-    """Whether the drafter graph at ``artifact`` has int4 linear layers (MatMulNBits)."""
-    graph = onnx.load(str(artifact), load_external_data=False).graph
-    return any(node.op_type == "MatMulNBits" for node in graph.node)
 
 
 def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16", *,
@@ -346,16 +345,15 @@ def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float1
     from speculant_tools.importers.int4 import quantize_drafter as quantize
 
     dtype = check_dtype(dtype)
-    check_drafter_quantization(quantize_drafter)
     source, out = Path(package_root), Path(out_root)
     if out.resolve() == source.resolve():
         raise ExportError("convert writes a new package; out_root is the package itself",
                           value=str(out))
     settings = read_settings(source)
+    check_drafter_quantization(quantize_drafter, source, settings.assistant_artifact)
     cache = check_cache(settings.cache if cache is None else cache)
     config, target, drafter = read_weights(source)
     if drafter is None:
-        quantize(source, quantize_drafter)  # a typed error if it asks for a drafter's
         return write_decoder_package(out, target, config, settings.tokenizer, dtype=dtype,
                                      eos_id=settings.eos_id,
                                      rollback_positions=settings.rollback_positions,

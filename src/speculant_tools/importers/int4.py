@@ -89,14 +89,21 @@ def quantize_int4(path: Path, accuracy_level: int = ACCURACY_LEVEL, *, bits: int
     return count
 
 
-def check_drafter_quantization(quantization: str | None) -> str | None:
-    """``quantization`` if it is one of :data:`DRAFTER_QUANTIZATIONS` (an ExportError
+def check_drafter_quantization(quantization: str | None, package: Path,
+                               drafter: Path | None) -> str | None:
+    """``quantization`` if it is one of :data:`DRAFTER_QUANTIZATIONS` and, when it is not
+    None, the package at ``package`` has a ``drafter`` graph to apply it to (an ExportError
     otherwise): checked before a package is written."""
     from speculant_tools.export.config import ExportError
 
     if quantization not in DRAFTER_QUANTIZATIONS:
         raise ExportError("unknown drafter quantization", path="quantize_drafter",
                           value=quantization, expected="int4, or none")
+    if quantization is not None and drafter is None:
+        raise ExportError("the package has no chained drafter to quantize", file=str(package),
+                          path="quantize_drafter", value=quantization,
+                          remedy="quantize a pair's drafter (a package written with one), or "
+                                 "leave --quantize-drafter out")
     return quantization
 
 
@@ -107,14 +114,8 @@ def quantize_drafter(package: Path, quantization: str | None) -> int:
     greedy's and only acceptance may move. On CUDA a drafter step's seven matrix-vector
     products read a quarter of the bytes (docs/benchmarks/2026-12-04-cuda-real1b-int4-drafter/).
     Returns the count of MatMulNBits (0 for ``None``)."""
-    from speculant_tools.export.config import ExportError
-
-    if check_drafter_quantization(quantization) is None:
-        return 0
     path = Path(package) / "assistant" / "model.onnx"
-    if not path.is_file():
-        raise ExportError("the package has no chained drafter to quantize", file=str(path),
-                          path="quantize_drafter", value=quantization,
-                          remedy="quantize a pair's drafter (a package written with one), or "
-                                 "leave --quantize-drafter out")
+    if check_drafter_quantization(quantization, package,
+                                  path if path.is_file() else None) is None:
+        return 0
     return quantize_int4(path, DRAFTER_ACCURACY_LEVEL)
