@@ -152,7 +152,10 @@ LAYERS = {
 # kernels fewer a drafter step) and load refusing hard-linked external data (ONNX refused
 # it only mid-request, as an internal error).
 # 11,980 -> 11,990: k=auto's greedy steps priced by their own round time (t_round(0)).
-RUNTIME_LINE_BUDGET = 11_990
+# 11,990 -> 12,070 (2026-12-05): k=auto captures every width it may pick before its first
+# round (a width captured mid-decode stalled the H200's decodes): the target's widths, the
+# chain's plans, runs unobserved (capture runs are no measurement), ~75 lines.
+RUNTIME_LINE_BUDGET = 12_070
 MODULE_LINE_LIMIT = 500
 
 

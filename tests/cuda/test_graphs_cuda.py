@@ -23,7 +23,7 @@ from speculant.dtypes import dtype_of_onnx
 from speculant.errors import ContractError
 from speculant.package.model import Ports, TensorContract
 from speculant.session.graphs import EAGER_ID, OFF, GraphDecision
-from speculant.session.plan import PassPlan
+from speculant.session.plan import CAPTURE_RUNS, PassPlan
 from speculant.session.session import ComponentSession
 from speculant.tensors import HOST, Value
 from speculant.tensors.devices import make_seam
@@ -267,6 +267,35 @@ def test_graph_ids_do_not_grow_with_requests(static_pair):
     for _ in range(2):
         engine.generate([3, 17, 8], 16, speculative=True, k=4, stop_on_eos=False)
     assert target.graphs.num_ids == ids_after_one
+
+
+@pytest.mark.parametrize("earlier_k", [None, 2])
+def test_auto_k_captures_every_width_before_its_first_round(static_pair, earlier_k):
+    """k="auto" picks its width round to round; a width first captured mid-decode stalled
+    it. Before the first round every target width 1 … K + 1 and every unrolled chain depth
+    is captured, so a later request captures nothing, whichever widths it picks. With
+    ``earlier_k`` a request at a fixed k left plans made but not captured, their inputs from
+    a shorter prompt: they are run from this request's start (tokens stay greedy's)."""
+    appended = speculant.load(static_pair["appended"], device="cuda")
+    engine = speculant.load(static_pair["static"], device="cuda")
+    if earlier_k:
+        engine.generate([3, 17], 2, speculative=True, k=earlier_k, stop_on_eos=False)
+    prompt = [3, 17, 8, 22, 5, 9, 11, 4, 6, 7, 12]
+    greedy = appended.generate(prompt, 40, stop_on_eos=False)
+    first = engine.generate(prompt, 40, speculative=True, k="auto", stop_on_eos=False)
+    assert first.token_ids == greedy.token_ids
+    max_k = engine.proposer_sources.chained.max_k  # the widest k=auto may pick
+    cells, = engine.static_pool._cells.values()
+    assert sorted(cells.plans) == list(range(1, max_k + 2))
+    assert all(plan.num_runs >= CAPTURE_RUNS for plan in cells.plans.values())
+    chains = cells.chain_steps.chains
+    assert sorted(chains) == list(range(2, max_k + 2))
+    assert all(not plan.awaits_capture for plan in chains.values())
+    second = engine.generate(prompt[3:], 40, speculative=True, k="auto", stop_on_eos=False)
+    assert second.token_ids == appended.generate(prompt[3:], 40, stop_on_eos=False).token_ids
+    moved = {name: second.stats.residency[name] - first.stats.residency[name]
+             for name in ("graph_captures", "graph_replays")}  # the engine's counters
+    assert moved["graph_captures"] == 0 and moved["graph_replays"] > 0
 
 
 def test_the_draft_models_passes_are_captured_and_its_tokens_are_greedys(tmp_path):

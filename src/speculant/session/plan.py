@@ -60,6 +60,10 @@ from speculant.session.graphs import EAGER_ID
 from speculant.session.session import ComponentSession, Invocation
 from speculant.tensors import NUMPY_DTYPES, Value
 
+# ONNX Runtime's CUDA EP runs a graph id twice as a regular run before it captures it (its
+# third run: ``min_num_runs_before_cuda_graph_capture_ = 2``)
+CAPTURE_RUNS = 3
+
 
 class PassPlan:
     """One component's pass at fixed shapes: owned buffers bound once (see the module)."""
@@ -200,6 +204,12 @@ class PassPlan:
             for observer in session.observers:
                 observer(call)
         return dict(self.outputs)
+
+    @property
+    def awaits_capture(self) -> bool:
+        """Whether ONNX Runtime has yet to capture this plan's graph (on its
+        :data:`CAPTURE_RUNS`-th run; never for an eager plan)."""
+        return self.graph_id != EAGER_ID and self.num_runs < CAPTURE_RUNS
 
     @staticmethod
     def _fill(session: ComponentSession, port: str, buffer: Value, value: Value) -> Value:

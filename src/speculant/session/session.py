@@ -22,8 +22,9 @@ replays a graph of its own.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 try:
@@ -231,6 +232,16 @@ class ComponentSession:
             for observer in self.observers:
                 observer(call)
         return result
+
+    @contextlib.contextmanager
+    def unobserved(self) -> Iterator[None]:
+        """Runs inside are not told to the observers (a plan made and captured ahead of its
+        use: its runs are no measurement of a pass)."""
+        observers, self.observers = self.observers, []
+        try:
+            yield
+        finally:
+            self.observers = observers
 
     # -- binding --------------------------------------------------------------------------
     def bind(self, inputs: Mapping[str, Value], outputs: Sequence[str]) -> ort.IOBinding:

@@ -68,6 +68,8 @@ from speculant.session.session import Invocation, Observer
 from speculant.speculative.proposal import Proposal, Proposer, QueuedRound
 from speculant.tensors import Value
 from speculant.workflow.state import DecodeState
+from speculant.workflow.static_cells import StaticCells
+from speculant.workflow.target_pass import TargetPass, capture_widths
 
 AUTO = "auto"
 SMOOTHING = 0.3  # weight of one new observation in a time's moving average
@@ -312,6 +314,20 @@ class AutoWidthProposer:
         # when the last proposal returned, its drafts, and the verify seconds and the
         # proposals' work seconds past their host's observed by then
         self._last: tuple[float, int, float, float] | None = None
+
+    def capture_widths(self, state: DecodeState, target: TargetPass) -> None:
+        """On CUDA graphs, before the first round: the target's passes over ``1 … K + 1``
+        tokens and the proposer's plans of ``1 … K`` drafts captured (a width first captured
+        mid-decode stalls it); once per static buffer set."""
+        cells = state.cells
+        if not isinstance(cells, StaticCells) or not target.session.graphs.is_enabled:
+            return
+        max_k = self.controller.max_k
+        capture_widths(target, range(1, max_k + 2), state.pending, state.consumed, cells,
+                       state.admitted, state.controls)
+        inner = getattr(self.inner, "capture_widths", None)
+        if inner is not None:
+            inner(state, max_k)
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         width = self._choose(state, k)  # 0: drafting does not pay now, a greedy step

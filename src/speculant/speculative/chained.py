@@ -214,6 +214,26 @@ class ChainedProposer:
             return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
         return Proposal(drafts, probs, num_invocations=k + 1, num_scored_rows=k)
 
+    def capture_widths(self, state: DecodeState, max_k: int) -> None:
+        """Static caches: every plan a proposal of ``1 … max_k`` drafts runs, run until
+        captured (their runs write only the chain's own buffers, rewritten by the next
+        proposal)."""
+        cells = state.cells
+        if not isinstance(cells, StaticCells):
+            return
+        last, carry_0 = self._chain_context(state)
+        steps = self._planned(state, cells, last, carry_0)
+        plans: dict[int, PassPlan] = {}  # id -> plan: the step plans are shared by widths
+        for k in range(1, max_k + 1):
+            unrolled = self._unrolled(k + 1) if state.sampler is None else None
+            for plan in [steps.chain_plan(k + 1, unrolled)] if unrolled is not None else \
+                    [steps.plan(j) for j in range(k + 1)]:
+                plans[id(plan)] = plan
+        for plan in plans.values():
+            with plan.session.unobserved():
+                while plan.awaits_capture:
+                    plan.run()
+
     # -- a round queued behind another (speculative/ahead.py) ------------------------------
     def queues(self, state: DecodeState) -> bool:
         return state.sampler is None and isinstance(state.cells, StaticCells) and \

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from speculant.speculative.ahead import greedy_ahead, rounds_ahead
+from speculant.speculative.auto_k import AutoWidthProposer
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.round import run_round
 from speculant.workflow.sampler import choose
@@ -31,6 +32,8 @@ def decode(state: DecodeState, target: TargetPass, proposer: Proposer | None,
     last_row = state.seam.last_along_axis(prefill.logits, prefill.logits.rank - 2)  # [1,1,V]
     first, _ = choose(state.seam, state.sampler, last_row)
     yield from state.record_prefill(prefill, first)
+    if isinstance(proposer, AutoWidthProposer) and not state.is_stopped:
+        proposer.capture_widths(state, target)  # every width it may pick, before it picks
     # 3. Rounds: propose, verify, then the state rolls back and commits with stop checks;
     #    greedy on static caches the next pass or round is queued before the last is read
     #    (speculative/ahead.py).

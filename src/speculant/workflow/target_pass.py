@@ -272,6 +272,23 @@ def run_static(target: TargetPass, tokens: Sequence[int], start: int, cells: Sta
                       produced.get(target.seed_port) if target.seed_port else None, cells)
 
 
+def capture_widths(target: TargetPass, widths: Sequence[int], token: int, start: int,
+                   cells: StaticCells, admitted: Admitted,
+                   controls: Mapping[str, Value]) -> list[int]:
+    """Run the static pass of each of ``widths`` that fits until its plan is captured,
+    unobserved; the widths run. Each writes only slots ``[start, start + n)``, past the valid
+    length: no pass reads them before it writes them."""
+    done = []
+    with target.session.unobserved():
+        for n in widths:
+            if start == 0 or start + n > cells.capacity:  # from 0: a prefill, never planned
+                continue
+            while n not in cells.plans or cells.plans[n].awaits_capture:
+                run_static(target, [token] * n, start, cells, admitted, controls)
+            done.append(n)
+    return done
+
+
 def static_plan(target: TargetPass, tokens: Sequence[int], start: int, cells: StaticCells,
                 admitted: Admitted, controls: Mapping[str, Value], *,
                 capture: bool = True) -> PassPlan:
