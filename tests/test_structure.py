@@ -154,7 +154,8 @@ LAYERS = {
 # 11,980 -> 11,990: k=auto's greedy steps priced by their own round time (t_round(0)).
 # 11,990 -> 12,070 (2026-12-05): k=auto captures every width it may pick before its first
 # round (a width captured mid-decode stalled the H200's decodes): the target's widths, the
-# chain's plans, runs unobserved (capture runs are no measurement), ~75 lines.
+# chain's plans, runs unobserved (capture runs are no measurement), then each width timed
+# once (widths not measured yet looked free), ~80 lines.
 RUNTIME_LINE_BUDGET = 12_070
 MODULE_LINE_LIMIT = 500
 

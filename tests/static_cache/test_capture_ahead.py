@@ -40,6 +40,9 @@ def test_every_width_is_captured_before_the_first_round(capturing, greedy_tokens
     max_k = capturing.proposer_sources.chained.max_k
     assert sorted(cells.plans) == list(range(1, max_k + 2))
     assert all(plan.num_runs >= CAPTURE_RUNS for plan in cells.plans.values())
+    costs = capturing.proposer_sources.costs  # every width timed before the first round
+    assert set(range(1, max_k + 2)) <= set(costs.verify.seconds)
+    assert set(range(1, max_k + 1)) <= set(costs.propose["chained"].seconds)
     again = capturing.generate(PROMPT, NEW, speculative=True, k="auto", stop_on_eos=False)
     assert again.token_ids == greedy_tokens
     # the engine's counters: nothing captured since (not mid-run either)

@@ -316,18 +316,23 @@ class AutoWidthProposer:
         self._last: tuple[float, int, float, float] | None = None
 
     def capture_widths(self, state: DecodeState, target: TargetPass) -> None:
-        """On CUDA graphs, before the first round: the target's passes over ``1 … K + 1``
-        tokens and the proposer's plans of ``1 … K`` drafts captured (a width first captured
-        mid-decode stalls it); once per static buffer set."""
+        """On CUDA graphs, once per static buffer set: the target's passes over ``1 … K + 1``
+        tokens and the chain's plans of ``1 … K`` drafts captured (a capture mid-decode
+        stalls it), then each timed (unmeasured widths looked free: seven drafts a round)."""
         cells = state.cells
-        if not isinstance(cells, StaticCells) or not target.session.graphs.is_enabled:
+        if not isinstance(cells, StaticCells) or not target.session.graphs.is_enabled or \
+                all(n in cells.plans and not cells.plans[n].awaits_capture
+                    for n in range(1, self.controller.max_k + 2)):
             return
         max_k = self.controller.max_k
         capture_widths(target, range(1, max_k + 2), state.pending, state.consumed, cells,
                        state.admitted, state.controls)
-        inner = getattr(self.inner, "capture_widths", None)
-        if inner is not None:
-            inner(state, max_k)
+        if (inner := getattr(self.inner, "capture_widths", None)) is None:
+            return
+        inner(state, max_k)
+        for k in range(1, max_k + 1):  # its plans' inputs only: the next proposal rewrites
+            self._timed(lambda k=k: self.inner.propose(state, k), measured=True)
+        self._last = None  # no round yet
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         width = self._choose(state, k)  # 0: drafting does not pay now, a greedy step
@@ -358,7 +363,7 @@ class AutoWidthProposer:
         self.chosen.append(width)
         return width
 
-    def _timed(self, propose: Callable[[], Proposal]) -> Proposal:
+    def _timed(self, propose: Callable[[], Proposal], measured: bool = False) -> Proposal:
         costs = self.costs
         costs.proposer_runs.clear()  # runs before this proposal are not its own
         started = time.perf_counter()
@@ -367,7 +372,7 @@ class AutoWidthProposer:
         # a width's first proposal in a request is not timed: it may make that width's plan
         # or session once
         costs.add_proposal(self.kind, proposal.k, proposing,
-                           timed=proposal.k in self._widths_proposed)
+                           timed=measured or proposal.k in self._widths_proposed)
         self._widths_proposed.add(proposal.k)
         self._last = (time.perf_counter(), proposal.k, costs.verify_total,
                       costs.settle_proposals())

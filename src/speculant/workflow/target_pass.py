@@ -276,16 +276,16 @@ def capture_widths(target: TargetPass, widths: Sequence[int], token: int, start:
                    cells: StaticCells, admitted: Admitted,
                    controls: Mapping[str, Value]) -> list[int]:
     """Run the static pass of each of ``widths`` that fits until its plan is captured,
-    unobserved; the widths run. Each writes only slots ``[start, start + n)``, past the valid
-    length: no pass reads them before it writes them."""
-    done = []
+    unobserved, then once more observed (a measurement of each width's pass); the widths
+    run. Each writes only slots ``[start, start + n)``, past the valid length: no pass reads
+    them before it writes them."""
+    done = [n for n in widths if 0 < start and start + n <= cells.capacity]  # 0: a prefill
     with target.session.unobserved():
-        for n in widths:
-            if start == 0 or start + n > cells.capacity:  # from 0: a prefill, never planned
-                continue
+        for n in done:
             while n not in cells.plans or cells.plans[n].awaits_capture:
                 run_static(target, [token] * n, start, cells, admitted, controls)
-            done.append(n)
+    for n in done:
+        run_static(target, [token] * n, start, cells, admitted, controls)
     return done
 
 
