@@ -330,7 +330,7 @@ class AutoWidthProposer:
         if (inner := getattr(self.inner, "capture_widths", None)) is None:
             return
         inner(state, max_k)
-        for k in range(1, max_k + 1):  # its plans' inputs only: the next proposal rewrites
+        for k in range(1, max_k + 1) if state.sampler is None else ():  # draws none
             self._timed(lambda k=k: self.inner.propose(state, k), measured=True)
         self._last = None  # no round yet
 
