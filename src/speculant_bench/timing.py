@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import cycle, islice
+from typing import Any
 
 from speculant.engine import Engine
 from speculant.session.session import Invocation
@@ -122,19 +123,36 @@ def verify_width_curve(engine: Engine, context_ids: Sequence[int],
 
 
 def bare_run(engine: Engine, block: Sequence[int], start: int, cells, admitted: Admitted,
-             controls) -> Callable[[], float]:
+             controls) -> BareRun:
     """A timer of ONNX Runtime's run alone for the target pass over ``block``: the pass's
     inputs (as `TargetPass.bind` makes them) bound once, then each call runs the session on
     them and waits for the device, with none of the runtime's Python. Pass time minus this is
-    what the runtime adds to a pass."""
+    what the runtime adds to a pass.
+
+    On a session made for CUDA graphs the binding gets a ``gpu_graph_id`` of its own (captured
+    on its third run, like a plan's, then replayed): a run without one is graph id 0, and ORT
+    would replay whichever plan captured id 0 first, whatever this binding holds (before
+    2026-12-05 every width's bare run was the width-1 greedy plan's replay)."""
     session = engine.sessions[engine.package.plan.target]
     values, _ = engine.target.bind(block, start, cells, admitted, controls)
     binding = session.bind(engine.target.port_values(values),
                            list(engine.package.plan.target_outputs))
+    options = session.graphs.run_options(session.graphs.new_id())  # None: an eager session
 
-    def timed() -> float:
+    return BareRun(engine, session.session, binding, options)
+
+
+@dataclass(frozen=True)
+class BareRun:
+    """``bare_run``'s timer: calling it runs ORT on the binding once, in seconds."""
+
+    engine: Engine
+    session: Any  # the ORT InferenceSession
+    binding: Any  # its IO binding: the pass's inputs, its outputs where ORT put them
+    options: Any  # ORT run options: the binding's own graph id (None: eager)
+
+    def __call__(self) -> float:
         started = time.perf_counter()
-        session.session.run_with_iobinding(binding)  # ORT's default: waits for the device
-        engine.seam.synchronize(engine.device)
+        self.session.run_with_iobinding(self.binding, self.options)  # waits for the device
+        self.engine.seam.synchronize(self.engine.device)
         return time.perf_counter() - started
-    return timed
