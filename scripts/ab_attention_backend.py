@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import speculant
 from speculant.session import session as session_module
-from speculant_bench.timing import verify_width_curve
+from speculant_bench.timing import prompts_rate, verify_width_curve
 
 DEVICE = "cuda"
 SETTINGS = {  # name -> (the target's sdpa_kernel, the drafter's); None: ORT's choice
@@ -61,17 +60,7 @@ def main() -> None:
         engines[name] = speculant.load(args.package, device=DEVICE)
 
     def run(engine, k):
-        options = dict(max_new_tokens=64, stop_on_eos=False)
-        if k is not None:
-            options.update(proposer="chained", k=int(k) if k.isdigit() else k)
-        seconds, tokens, outputs = 0.0, 0, []
-        for prompt in prompts:
-            started = time.perf_counter()
-            result = engine.generate(prompt, **options)
-            seconds += time.perf_counter() - started
-            tokens += len(result.token_ids)
-            outputs.append(list(result.token_ids))
-        return tokens / seconds, outputs
+        return prompts_rate(engine, prompts, k)
 
     ks = [None, *(args.k or ["4"])]
     want = run(engines["default"], None)[1]

@@ -13,10 +13,10 @@ import argparse
 import collections
 import json
 import statistics
-import time
 
 import speculant
 from speculant.speculative import auto_k
+from speculant_bench.timing import prompts_rate
 
 
 def main() -> None:
@@ -41,17 +41,7 @@ def main() -> None:
     def run(k, pin: bool, ahead: int) -> tuple[float, list[list[int]]]:
         auto_k.WidthController.choose = pinned if pin else recorded
         engine.target.ahead = ahead
-        options = dict(max_new_tokens=64, stop_on_eos=False)
-        if k is not None:
-            options.update(proposer="chained", k=k)
-        seconds, tokens, outputs = 0.0, 0, []
-        for prompt in prompts:
-            started = time.perf_counter()
-            result = engine.generate(prompt, **options)
-            seconds += time.perf_counter() - started
-            tokens += len(result.token_ids)
-            outputs.append(list(result.token_ids))
-        return tokens / seconds, outputs
+        return prompts_rate(engine, prompts, k)
 
     runners = {"greedy": (None, False, 1), "k=4": (4, False, 1), "auto": ("auto", False, 1),
                "auto pinned 4": ("auto", True, 1), "k=4 ahead 2": (4, False, 2),

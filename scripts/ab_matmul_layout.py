@@ -14,7 +14,6 @@ import argparse
 import json
 import shutil
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 import speculant
-from speculant_bench.timing import verify_width_curve
+from speculant_bench.timing import prompts_rate, verify_width_curve
 
 
 def rewrite(package: Path, out: Path) -> int:
@@ -86,17 +85,7 @@ def main() -> None:
                "FusedMatMul transB": speculant.load(out, device=args.device)}
 
     def run(engine, k):
-        options = dict(max_new_tokens=64, stop_on_eos=False)
-        if k is not None:
-            options.update(proposer="chained", k=int(k))
-        seconds, tokens, outputs = 0.0, 0, []
-        for prompt in prompts:
-            started = time.perf_counter()
-            result = engine.generate(prompt, **options)
-            seconds += time.perf_counter() - started
-            tokens += len(result.token_ids)
-            outputs.append(list(result.token_ids))
-        return tokens / seconds, outputs
+        return prompts_rate(engine, prompts, k)
 
     greedy = {name: run(engine, None)[1] for name, engine in engines.items()}
     print("same greedy tokens in both:", greedy["MatMul [K, N]"] == greedy["FusedMatMul transB"])
