@@ -15,6 +15,7 @@ import json
 import statistics
 
 import speculant
+from speculant.package.loader import load_package
 from speculant.session import session as session_module
 from speculant_bench.timing import prompts_rate, verify_width_curve
 
@@ -52,11 +53,9 @@ def main() -> None:
     session_module.ComponentSession.__init__ = patched_init
     session_module.provider_for = patched_provider_for
     engines = {}
+    making["target_name"] = load_package(args.package).plan.target  # its component's name
     for name, (target, other) in SETTINGS.items():
-        making.update(target=target, other=other, target_name="")
-        probe = speculant.load(args.package, device="cpu")  # the target's component name
-        making["target_name"] = probe.package.plan.target
-        del probe
+        making.update(target=target, other=other)
         engines[name] = speculant.load(args.package, device=DEVICE)
 
     def run(engine, k):

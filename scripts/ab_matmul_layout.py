@@ -21,15 +21,15 @@ import onnx
 from onnx import helper, numpy_helper
 
 import speculant
+from speculant.package.loader import load_package
 from speculant_bench.timing import prompts_rate, verify_width_curve
 
 
 def rewrite(package: Path, out: Path) -> int:
     """Copy ``package`` to ``out`` with every target MatMul by a 2-D initializer made a
     FusedMatMul(transB=1) on the transposed initializer; the number rewritten."""
-    engine = speculant.load(package, device="cpu")
-    target_path = Path(engine.package.artifacts[engine.package.plan.target])
-    del engine
+    loaded = load_package(package)
+    target_path = Path(loaded.artifacts[loaded.plan.target])
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(package, out)
     relative = target_path.relative_to(package)

@@ -138,7 +138,6 @@ def bare_run(engine: Engine, block: Sequence[int], start: int, cells, admitted: 
     binding = session.bind(engine.target.port_values(values),
                            list(engine.package.plan.target_outputs))
     options = session.graphs.run_options(session.graphs.new_id())  # None: an eager session
-
     return BareRun(engine, session.session, binding, options)
 
 
