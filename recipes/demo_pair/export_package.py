@@ -11,6 +11,7 @@ pair. Needs `safetensors` (pip install safetensors) to read the weights.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from safetensors.numpy import load_file
 
 from speculant_tools.export import write_decoder_package, write_pair_package
+from speculant_tools.export.config import LlamaConfig
 
 
 def main() -> None:
@@ -34,8 +36,10 @@ def main() -> None:
             shutil.rmtree(root)
     target = load_file(str(src / "target.safetensors"))
     drafter = load_file(str(src / "drafter.safetensors"))
-    write_pair_package(args.pair, target, json.loads((src / "target_config.json").read_text()),
-                       drafter, src / "tokenizer.json", dtype="float32", eos_id=eos_id,
+    config = LlamaConfig.from_hf(json.loads((src / "target_config.json").read_text()))
+    config = dataclasses.replace(  # the drafter's MLP may be wider than the target's
+        config, drafter_intermediate_size=drafter["drafter.layer.mlp.up_proj.weight"].shape[0])
+    write_pair_package(args.pair, target, config, drafter, src / "tokenizer.json", dtype="float32", eos_id=eos_id,
                        max_proposal_width=8)
     shutil.copy(src / "val_prompts.json", args.pair / "val_prompts.json")
     draft = load_file(str(src / "draft.safetensors"))

@@ -364,6 +364,31 @@ class Drafter(nn.Module):
         self.load_state_dict(own, strict=True)
 
 
+@torch.no_grad()
+def widen_drafter_mlp(drafter: Drafter, inter: int, generator=None) -> Drafter:
+    """A copy of ``drafter`` with ``inter`` (>= its own) MLP units and the same function: the
+    trained units keep their rows and columns; each added unit gets ``gate``/``up`` rows drawn
+    as ``nn.Linear`` draws them and a zero ``down_proj`` column (so it adds exactly 0 until
+    trained)."""
+    old = drafter.layer.mlp
+    have, H = old.up_proj.weight.shape
+    if inter < have:
+        raise ValueError(f"cannot narrow the drafter's MLP from {have} to {inter} units")
+    wide = Drafter(H=drafter.H, nh=drafter.nh, nkv=drafter.nkv, hd=drafter.hd, inter=inter,
+                   eps=drafter.eps, theta=drafter.theta)
+    own = {k: v for k, v in drafter.state_dict().items() if ".mlp." not in k}
+    wide.load_state_dict(own, strict=False)
+    bound = 1.0 / math.sqrt(H)
+    for name in ("gate_proj", "up_proj"):
+        w = torch.empty(inter, H).uniform_(-bound, bound, generator=generator)
+        w[:have] = getattr(old, name).weight.detach().cpu()
+        getattr(wide.layer.mlp, name).weight.copy_(w)
+    down = torch.zeros(H, inter)
+    down[:, :have] = old.down_proj.weight.detach().cpu()
+    wide.layer.mlp.down_proj.weight.copy_(down)
+    return wide
+
+
 def drafter_reference_round(tv: TargetView, drafter: Drafter, context: list[int], pending: int,
                             k: int) -> list[int]:
     """The runtime's §9.4 loop for ONE chain context, written plainly (test oracle):

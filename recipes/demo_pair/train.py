@@ -100,6 +100,9 @@ def parse_args(argv=None):
                    help="start from this drafter.safetensors (a drafter trained before, e.g. "
                         "`speculant export-hf src/speculant/demo` writes one) instead of the "
                         "target's layer")
+    g.add_argument("--drafter-inter", type=int, default=0,
+                   help="the drafter's MLP width (0: the target's); wider than --drafter-init's, "
+                        "the added units start with zero down_proj columns (the same function)")
     # draft model
     g = p.add_argument_group("draft model")
     g.add_argument("--draft-seconds", type=float, default=60.0)
@@ -569,18 +572,24 @@ def stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, budget, 
         p.requires_grad_(False)
     cfg = target.config
     torch.manual_seed(args.seed + 21)
-    drafter = pairlib.Drafter(H=cfg.hidden_size, nh=cfg.num_attention_heads,
-                              nkv=cfg.num_key_value_heads, hd=tv.hd,
-                              inter=cfg.intermediate_size, eps=cfg.rms_norm_eps,
-                              theta=tv.theta).to(dev)
+    shape = dict(H=cfg.hidden_size, nh=cfg.num_attention_heads, nkv=cfg.num_key_value_heads,
+                 hd=tv.hd, eps=cfg.rms_norm_eps, theta=tv.theta)
+    inter = args.drafter_inter or cfg.intermediate_size
     g = torch.Generator().manual_seed(args.seed + 22)
-    drafter.init_from_target(tv, args.drafter_inproj_noise, g)
-    if args.drafter_init is not None:  # continue a drafter trained before
+    if args.drafter_init is None:
+        drafter = pairlib.Drafter(**shape, inter=cfg.intermediate_size).to(dev)
+        drafter.init_from_target(tv, args.drafter_inproj_noise, g)
+    else:  # continue a drafter trained before
         from safetensors.torch import load_file
 
-        drafter.load_export_state(load_file(str(args.drafter_init)))
+        state = load_file(str(args.drafter_init))
+        drafter = pairlib.Drafter(**shape, inter=state["drafter.layer.mlp.up_proj.weight"].shape[0])
+        drafter.load_export_state(state)
         drafter = drafter.to(dev)
         say(f"drafter: continued from {args.drafter_init}")
+    if inter != drafter.layer.mlp.up_proj.weight.shape[0]:
+        drafter = pairlib.widen_drafter_mlp(drafter, inter, g).to(dev)
+        say(f"drafter: MLP widened to {inter} units (added units: zero down_proj columns)")
     n_tr = count_params(drafter, trainable_only=True)
     J, T, B = args.drafter_unroll, args.seq_len, args.drafter_batch
     say(f"drafter: {n_tr:,} trainable parameters, {J} unrolled steps, budget {budget:.0f}s")
