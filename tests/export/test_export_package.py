@@ -162,6 +162,31 @@ def test_read_weights_of_a_decoder_package(decoder_root):
     assert all(np.array_equal(weights[n], a) for n, a in DRAFT_WEIGHTS.items())
 
 
+def test_a_drafter_retrained_at_another_mlp_width_reads_back_beside_the_old_target(
+        pair_root, tokenizer_path, tmp_path):
+    """The demo's way of adopting a retrained drafter: only ``assistant/model.onnx`` is
+    replaced; its MLP width is its own graph's, not the unchanged target's."""
+    import dataclasses
+    import shutil
+
+    from export_models import random_weights
+
+    from speculant_tools.export import drafter_shapes
+
+    wide = dataclasses.replace(CONFIG, drafter_intermediate_size=CONFIG.intermediate_size + 24)
+    drafter = random_weights(drafter_shapes(wide), seed=5)
+    retrained = write_pair_package(tmp_path / "retrained", TARGET_WEIGHTS, wide, drafter,
+                                   tokenizer_path)
+    root = Path(shutil.copytree(pair_root, tmp_path / "pair"))
+    shutil.copy(retrained / "assistant" / "model.onnx", root / "assistant" / "model.onnx")
+    config, target, read = read_weights(root)
+    assert config == wide
+    assert all(np.array_equal(read[n], a) for n, a in drafter.items())
+    assert all(np.array_equal(target[n], a) for n, a in TARGET_WEIGHTS.items())
+    engine = speculant.load(convert(root, tmp_path / "fp16", "float16"))
+    assert decode(engine, PROMPTS[0], speculative=True, k=4) == decode(engine, PROMPTS[0])
+
+
 def test_convert_back_to_float32_keeps_the_float16_values(pair_root_fp16, tmp_path):
     root = convert(pair_root_fp16, tmp_path / "back", dtype="float32")
     _, target, drafter = read_weights(root)

@@ -26,7 +26,7 @@ import json
 import math
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -308,7 +308,9 @@ def read_weights(package_root: str | Path, *, skip_int4_drafter: bool = False
     """``(config, target_weights, drafter_weights)`` from the graphs' initializers, exactly
     as written (the package dtype). ``drafter_weights`` is None for a decoder package. An
     int4 drafter (``--quantize-drafter``) has no float weights to read: an ExportError with
-    the remedy (``skip_int4_drafter``: None for it instead)."""
+    the remedy (``skip_int4_drafter``: None for it instead). The drafter's widths (its MLP,
+    its LM head's rows) are read from its own graph, so a drafter retrained at another width
+    and put beside an unchanged target reads back as written."""
     settings = read_settings(package_root)
     config, tensors, _ = _initializers(settings.target_artifact)
     if config is None:
@@ -317,7 +319,10 @@ def read_weights(package_root: str | Path, *, skip_int4_drafter: bool = False
     target = _arrays(tensors, list(target_shapes(config)), settings.target_artifact)
     if settings.assistant_artifact is None:
         return config, target, None
-    _, tensors, is_int4 = _initializers(settings.assistant_artifact)
+    own, tensors, is_int4 = _initializers(settings.assistant_artifact)
+    if own is not None:  # the drafter's widths are its graph's (a retrained drafter may differ)
+        config = replace(config, drafter_intermediate_size=own.drafter_intermediate_size,
+                         draft_vocab_size=own.draft_vocab_size)
     if is_int4 and skip_int4_drafter:
         return config, target, None
     if is_int4:
