@@ -75,15 +75,16 @@ def summarize_runner(result: RunnerResult, greedy: RunnerResult | None,
         "mean_accepted_length": accepted_lengths / rounds if rounds else None,
         "acceptance_by_position": [a / p for a, p in zip(accepted, proposed, strict=True)],
         "matches_greedy": None,
+        "prompts_differing_from_greedy": None,
         "speedup_decode": 1.0 if greedy is result else None,
         "speedup_end_to_end": 1.0 if greedy is result else None,
         "speedup_decode_per_repeat": None,  # paired ratios, for their spread
     }
     if greedy is not None and greedy is not result:
-        data["matches_greedy"] = all(
-            s.token_ids == g.token_ids
-            for samples in result.samples for s, g in zip(samples, greedy.samples[-1],
-                                                           strict=True))
+        differences = result.differences_from(greedy)
+        data["matches_greedy"] = not differences
+        data["prompts_differing_from_greedy"] = {  # prompt index: first token that differs
+            str(index): at for index, at in differences.items()}
         data["speedup_decode"] = decode.median / \
             greedy.per_repeat(decode_tokens_per_s).median
         data["speedup_end_to_end"] = end_to_end.median / \
@@ -261,7 +262,9 @@ def markdown(report: dict) -> str:
         if r["proposer"] is not None and not r["rounds"]:
             acceptance = "no speculative round ran"
         mean = r["mean_accepted_length"]
-        same = "–" if r["matches_greedy"] is None else ("yes" if r["matches_greedy"] else "NO")
+        same = "–" if r["matches_greedy"] is None else "yes" if r["matches_greedy"] else \
+            f"NO ({len(r['prompts_differing_from_greedy'])} of {len(r['tokens_per_prompt'])} " \
+            "prompts)"
         lines.append(
             f"| {r['name']} | {_spread_cell(r['decode_tokens_per_s'])} | "
             f"{_ratio(r['speedup_decode'])} | {_spread_cell(r['end_to_end_tokens_per_s'])} | "

@@ -94,6 +94,18 @@ class RunnerResult:
     def per_repeat(self, figure: Callable[[list[Sample]], float]) -> Spread:
         return Spread.of([figure(samples) for samples in self.samples])
 
+    def differences_from(self, greedy: RunnerResult) -> dict[int, int]:
+        """Prompt index -> the first token where any repeat's tokens leave greedy's (its last
+        repeat); the prompts every repeat decoded exactly as greedy are absent."""
+        first: dict[int, int] = {}
+        for samples in self.samples:
+            for index, (s, g) in enumerate(zip(samples, greedy.samples[-1], strict=True)):
+                if s.token_ids != g.token_ids:
+                    at = next((i for i, (a, b) in enumerate(zip(s.token_ids, g.token_ids))
+                               if a != b), min(len(s.token_ids), len(g.token_ids)))
+                    first[index] = min(at, first.get(index, at))
+        return dict(sorted(first.items()))
+
 
 @dataclass
 class BenchRun:

@@ -271,6 +271,17 @@ def _result(runner, token_lists, per_repeat_s, ttft_s=0.001, counts=None):
     return result
 
 
+def test_differences_from_greedy_name_each_prompt_and_its_first_token():
+    greedy = _result(Runner(), [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]], [0.01])
+    other = _result(Runner("chained", 4), [[1, 2, 3, 4], [5, 6, 0, 8], [9, 9, 9, 9]], [0.01])
+    other.samples.append([Sample(list(t), 0.01, 0.001, None, None, None)  # a second repeat
+                          for t in ([1, 2, 3, 4], [5, 6, 7, 0], [9, 0, 9, 9])])
+    assert other.differences_from(greedy) == {1: 2, 2: 1}  # the earliest over repeats
+    assert greedy.differences_from(greedy) == {}
+    short = _result(Runner("chained", 4), [[1, 2], [5, 6, 7, 8], [9, 9, 9, 9]], [0.01])
+    assert short.differences_from(greedy) == {0: 2}  # stopped early: differs where it ends
+
+
 def test_anchor_records_and_ratios_on_literal_samples():
     tokens = [[1, 2, 3, 4], [5, 6, 7, 8]]
     greedy = _result(Runner(), tokens, [0.010, 0.012])

@@ -90,9 +90,7 @@ def summarize_anchor(result: RunnerResult, greedy: RunnerResult | None,
     }
     if greedy is not None:
         reference = greedy.samples[-1]
-        data["matches_greedy"] = all(
-            s.token_ids == g.token_ids
-            for samples in result.samples for s, g in zip(samples, reference, strict=True))
+        data["matches_greedy"] = not result.differences_from(greedy)
         equal = sum(s.token_ids == g.token_ids for s, g in zip(last, reference, strict=True))
         data["prompts_equal_to_greedy"] = f"{equal}/{len(last)}"
     return data
