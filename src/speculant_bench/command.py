@@ -55,8 +55,10 @@ def write_report(report: dict, out: Path, console: Console) -> list[str]:
                       "it with: pip install 'speculant[bench]')", highlight=False)
     for runner in report["runners"] + report.get("anchors", {}).get("runners", []):
         if not runner["decoded_every_token"] or runner["matches_greedy"] is False:
+            differing = runner.get("prompts_differing_from_greedy")
+            where = f" (prompt: first differing token {differing})" if differing else ""
             console.print(f"[bold red]warning[/]: {escape(runner['name'])} decoded "
                           f"{runner['tokens_per_prompt']} tokens per prompt; matches greedy: "
-                          f"{runner['matches_greedy']}", highlight=False)
+                          f"{runner['matches_greedy']}{escape(where)}", highlight=False)
     console.print(f"wrote {', '.join(written)} to {escape(str(out))}", highlight=False)
     return written

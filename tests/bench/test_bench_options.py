@@ -57,6 +57,15 @@ def test_an_auto_runner_decodes_greedy_tokens_beside_the_fixed_ones(pair_path, t
     assert report["config"]["k"] == [2, "auto"]
     write_report(report, tmp_path, Console(file=open(tmp_path / "log", "w")))  # noqa: SIM115
     assert (tmp_path / "bench.md").is_file()  # the plots skip auto's row on the k axis
+    assert "warning" not in (tmp_path / "log").read_text()
+    # a runner that left greedy on one prompt: the table and the console name how many and where
+    report["runners"][1].update(matches_greedy=False, prompts_differing_from_greedy={"1": 5})
+    with open(tmp_path / "log2", "w") as log:
+        write_report(report, tmp_path / "planted", Console(file=log, width=200))
+    assert "matches greedy: False (prompt: first differing token {'1': 5})" in \
+        (tmp_path / "log2").read_text()
+    prompts = len(report["runners"][1]["tokens_per_prompt"])
+    assert f"| NO (1 of {prompts} prompts) |" in (tmp_path / "planted" / "bench.md").read_text()
 
 
 def test_genai_auto_is_its_adaptive_width_paired_with_speculant_auto():
