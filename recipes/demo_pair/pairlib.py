@@ -363,6 +363,17 @@ class Drafter(nn.Module):
         own = {k[len("drafter."):]: t for k, t in sd.items() if k.startswith("drafter.")}
         self.load_state_dict(own, strict=True)
 
+    @classmethod
+    def from_export_state(cls, sd: dict[str, torch.Tensor], tv: TargetView) -> Drafter:
+        """The drafter saved by ``export_state``, for the target ``tv`` reads; its MLP width
+        is the saved one (it may differ from the target's: ``--drafter-inter``)."""
+        c = tv.model.config
+        drafter = cls(H=c.hidden_size, nh=c.num_attention_heads, nkv=c.num_key_value_heads,
+                      hd=tv.hd, inter=sd["drafter.layer.mlp.up_proj.weight"].shape[0],
+                      eps=c.rms_norm_eps, theta=tv.theta)
+        drafter.load_export_state(sd)
+        return drafter
+
 
 @torch.no_grad()
 def widen_drafter_mlp(drafter: Drafter, inter: int, generator=None) -> Drafter:

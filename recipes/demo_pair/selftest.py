@@ -31,11 +31,7 @@ def load(dir_: Path, device: str):
 
     target, _ = pairlib.load_hf(dir_ / "target_config.json", dir_ / "target.safetensors", device)
     tv = pairlib.TargetView(target)
-    c = target.config
-    drafter = pairlib.Drafter(H=c.hidden_size, nh=c.num_attention_heads,
-                              nkv=c.num_key_value_heads, hd=tv.hd, inter=c.intermediate_size,
-                              eps=c.rms_norm_eps, theta=tv.theta)
-    drafter.load_export_state(load_file(str(dir_ / "drafter.safetensors")))
+    drafter = pairlib.Drafter.from_export_state(load_file(str(dir_ / "drafter.safetensors")), tv)
     return target, tv, drafter.to(device).eval()
 
 

@@ -101,7 +101,8 @@ def parse_args(argv=None):
                         "`speculant export-hf src/speculant/demo` writes one) instead of the "
                         "target's layer")
     g.add_argument("--drafter-inter", type=int, default=0,
-                   help="the drafter's MLP width (0: the target's); wider than --drafter-init's, "
+                   help="the drafter's MLP width (0: --drafter-init's, else the target's); wider "
+                        "than --drafter-init's, "
                         "the added units start with zero down_proj columns (the same function)")
     # draft model
     g = p.add_argument_group("draft model")
@@ -572,21 +573,20 @@ def stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, budget, 
         p.requires_grad_(False)
     cfg = target.config
     torch.manual_seed(args.seed + 21)
-    shape = dict(H=cfg.hidden_size, nh=cfg.num_attention_heads, nkv=cfg.num_key_value_heads,
-                 hd=tv.hd, eps=cfg.rms_norm_eps, theta=tv.theta)
-    inter = args.drafter_inter or cfg.intermediate_size
     g = torch.Generator().manual_seed(args.seed + 22)
     if args.drafter_init is None:
-        drafter = pairlib.Drafter(**shape, inter=cfg.intermediate_size).to(dev)
+        drafter = pairlib.Drafter(H=cfg.hidden_size, nh=cfg.num_attention_heads,
+                                  nkv=cfg.num_key_value_heads, hd=tv.hd,
+                                  inter=cfg.intermediate_size, eps=cfg.rms_norm_eps,
+                                  theta=tv.theta).to(dev)
         drafter.init_from_target(tv, args.drafter_inproj_noise, g)
-    else:  # continue a drafter trained before
+    else:  # continue a drafter trained before, at its own MLP width
         from safetensors.torch import load_file
 
-        state = load_file(str(args.drafter_init))
-        drafter = pairlib.Drafter(**shape, inter=state["drafter.layer.mlp.up_proj.weight"].shape[0])
-        drafter.load_export_state(state)
+        drafter = pairlib.Drafter.from_export_state(load_file(str(args.drafter_init)), tv)
         drafter = drafter.to(dev)
         say(f"drafter: continued from {args.drafter_init}")
+    inter = args.drafter_inter or drafter.layer.mlp.up_proj.weight.shape[0]
     if inter != drafter.layer.mlp.up_proj.weight.shape[0]:
         drafter = pairlib.widen_drafter_mlp(drafter, inter, g).to(dev)
         say(f"drafter: MLP widened to {inter} units (added units: zero down_proj columns)")
@@ -938,12 +938,8 @@ def main(argv=None):
     if "drafter" in state["stages_done"] and (out / "drafter.safetensors").exists():
         from safetensors.torch import load_file
 
-        tv = pairlib.TargetView(target)
-        drafter = pairlib.Drafter(H=cfg.hidden_size, nh=cfg.num_attention_heads,
-                                  nkv=cfg.num_key_value_heads, hd=tv.hd,
-                                  inter=cfg.intermediate_size, eps=cfg.rms_norm_eps,
-                                  theta=tv.theta)
-        drafter.load_export_state(load_file(str(out / "drafter.safetensors")))
+        drafter = pairlib.Drafter.from_export_state(
+            load_file(str(out / "drafter.safetensors")), pairlib.TargetView(target))
         drafter = drafter.to(dev).eval()
         say("drafter: loaded from --out (stage done)")
     else:
