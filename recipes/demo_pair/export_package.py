@@ -39,8 +39,8 @@ def main() -> None:
     config = LlamaConfig.from_hf(json.loads((src / "target_config.json").read_text()))
     config = dataclasses.replace(  # the drafter's MLP may be wider than the target's
         config, drafter_intermediate_size=drafter["drafter.layer.mlp.up_proj.weight"].shape[0])
-    write_pair_package(args.pair, target, config, drafter, src / "tokenizer.json", dtype="float32", eos_id=eos_id,
-                       max_proposal_width=8)
+    write_pair_package(args.pair, target, config, drafter, src / "tokenizer.json",
+                       dtype="float32", eos_id=eos_id, max_proposal_width=8)
     shutil.copy(src / "val_prompts.json", args.pair / "val_prompts.json")
     draft = load_file(str(src / "draft.safetensors"))
     write_decoder_package(args.draft, draft, json.loads((src / "draft_config.json").read_text()),

@@ -934,7 +934,6 @@ def main(argv=None):
         p.requires_grad_(False)
 
     t_stage = time.time()
-    cfg = target.config
     if "drafter" in state["stages_done"] and (out / "drafter.safetensors").exists():
         from safetensors.torch import load_file
 

@@ -101,8 +101,9 @@ class RunnerResult:
         for samples in self.samples:
             for index, (s, g) in enumerate(zip(samples, greedy.samples[-1], strict=True)):
                 if s.token_ids != g.token_ids:
-                    at = next((i for i, (a, b) in enumerate(zip(s.token_ids, g.token_ids))
-                               if a != b), min(len(s.token_ids), len(g.token_ids)))
+                    pairs = zip(s.token_ids, g.token_ids, strict=False)  # to the shorter's end
+                    at = next((i for i, (a, b) in enumerate(pairs) if a != b),
+                              min(len(s.token_ids), len(g.token_ids)))
                     first[index] = min(at, first.get(index, at))
         return dict(sorted(first.items()))
 
