@@ -12,6 +12,9 @@
 #   bash scripts/gpu_fastpath.sh real1b "$OUT"  # after build: the ~1B pair's profile and its
 #                                               # genai-anchored bench (~5 min)
 #   bash scripts/gpu_fastpath.sh auto "$OUT"    # build, then chained k=4 beside k=auto (~2 min)
+#   bash scripts/gpu_fastpath.sh goal "$OUT"    # the ~1B pair with the int4 drafter: chained k=4, 5,
+#                                               # auto over all 32 prompts, then the genai-anchored
+#                                               # bench over the 8 (~7 min)
 #   bash scripts/gpu_fastpath.sh smollm2 "$OUT" # SmolLM2 float16 static pair with that drafter:
 #                                               # --stats, then bench with the genai anchor;
 #                                               # then the realistic ~1B bench (genai anchor);
@@ -144,6 +147,26 @@ auto)  # the realistic ~1B pair built here, then chained k=4 beside k=auto (no a
     --out /tmp/b/cuda-real1b-auto > /tmp/b.log 2>&1
   tail -12 /tmp/b.log; cp /tmp/b.log /tmp/b/cuda-real1b-auto/ 2>/dev/null
   tar -cf "$out/cuda-real1b-auto.tar" -C /tmp/b cuda-real1b-auto
+  stage done
+  ;;
+goal)  # issue 12's chained goal as measured since the drafter v4 (int4 drafter, 32 prompts)
+  stage "build (int4 drafter)"
+  { $py -m speculant convert src/speculant/demo /tmp/d16s --dtype float16 --cache static &&
+    $py -m speculant scale-target /tmp/d16s /tmp/real1b-q4 --shape realistic-1b --check-tokens 0 \
+      --quantize-drafter int4; } > /tmp/build.log 2>&1; tail -2 /tmp/build.log
+  stage "bench: chained over all 32 validation prompts"
+  timeout 150 $py -m speculant bench /tmp/real1b-q4 --device cuda \
+    --prompts src/speculant/demo/val_prompts.json --proposer chained --new-tokens 64 --warmup 1 \
+    --repeats 3 --k 4 --k 5 --k auto --out /tmp/b/real1b-val32 > /tmp/b32.log 2>&1
+  tail -8 /tmp/b32.log; cp /tmp/b/real1b-val32/bench.md "$out/val32.md"
+  cp /tmp/b/real1b-val32/bench.json "$out/val32.json"
+  stage "bench: the 8 prompts, chained and prompt lookup, onnxruntime-genai anchor"
+  timeout 330 $py -m speculant bench /tmp/real1b-q4 --device cuda --prompts $prompts \
+    --proposer chained --proposer prompt_lookup --anchors genai --anchor-dir /tmp/anchors \
+    --new-tokens 64 --warmup 1 --repeats 3 --k 4 --k 5 --k auto --out /tmp/b/real1b-val8 \
+    > /tmp/b8.log 2>&1
+  tail -30 /tmp/b8.log; cp /tmp/b/real1b-val8/bench.md "$out/val8-genai.md"
+  cp /tmp/b/real1b-val8/bench.json "$out/val8-genai.json"
   stage done
   ;;
 *) echo "unknown phase $phase"; exit 2 ;;
