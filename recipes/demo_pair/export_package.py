@@ -18,8 +18,7 @@ from pathlib import Path
 
 from safetensors.numpy import load_file
 
-from speculant_tools.export import write_decoder_package, write_pair_package
-from speculant_tools.export.config import LlamaConfig
+from speculant_tools.export import LlamaConfig, write_decoder_package, write_pair_package
 
 
 def main() -> None:

@@ -364,13 +364,18 @@ class Drafter(nn.Module):
         self.load_state_dict(own, strict=True)
 
     @classmethod
-    def from_export_state(cls, sd: dict[str, torch.Tensor], tv: TargetView) -> Drafter:
-        """The drafter saved by ``export_state``, for the target ``tv`` reads; its MLP width
-        is the saved one (it may differ from the target's: ``--drafter-inter``)."""
+    def for_target(cls, tv: TargetView, inter: int) -> Drafter:
+        """An untrained drafter of the shape the target ``tv`` dictates, with ``inter`` MLP
+        units (the target's own width, or another: ``--drafter-inter``)."""
         c = tv.model.config
-        drafter = cls(H=c.hidden_size, nh=c.num_attention_heads, nkv=c.num_key_value_heads,
-                      hd=tv.hd, inter=sd["drafter.layer.mlp.up_proj.weight"].shape[0],
-                      eps=c.rms_norm_eps, theta=tv.theta)
+        return cls(H=c.hidden_size, nh=c.num_attention_heads, nkv=c.num_key_value_heads,
+                   hd=tv.hd, inter=inter, eps=c.rms_norm_eps, theta=tv.theta)
+
+    @classmethod
+    def from_export_state(cls, sd: dict[str, torch.Tensor], tv: TargetView) -> Drafter:
+        """The drafter saved by ``export_state``, for the target ``tv``, at its saved MLP
+        width."""
+        drafter = cls.for_target(tv, sd["drafter.layer.mlp.up_proj.weight"].shape[0])
         drafter.load_export_state(sd)
         return drafter
 

@@ -101,9 +101,9 @@ def parse_args(argv=None):
                         "`speculant export-hf src/speculant/demo` writes one) instead of the "
                         "target's layer")
     g.add_argument("--drafter-inter", type=int, default=0,
-                   help="the drafter's MLP width (0: --drafter-init's, else the target's); wider "
-                        "than --drafter-init's, "
-                        "the added units start with zero down_proj columns (the same function)")
+                   help="the drafter's MLP width (0: --drafter-init's, else the target's); "
+                        "wider than --drafter-init's, the added units start with zero "
+                        "down_proj columns (the same function)")
     # draft model
     g = p.add_argument_group("draft model")
     g.add_argument("--draft-seconds", type=float, default=60.0)
@@ -575,10 +575,7 @@ def stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, budget, 
     torch.manual_seed(args.seed + 21)
     g = torch.Generator().manual_seed(args.seed + 22)
     if args.drafter_init is None:
-        drafter = pairlib.Drafter(H=cfg.hidden_size, nh=cfg.num_attention_heads,
-                                  nkv=cfg.num_key_value_heads, hd=tv.hd,
-                                  inter=cfg.intermediate_size, eps=cfg.rms_norm_eps,
-                                  theta=tv.theta).to(dev)
+        drafter = pairlib.Drafter.for_target(tv, cfg.intermediate_size).to(dev)
         drafter.init_from_target(tv, args.drafter_inproj_noise, g)
     else:  # continue a drafter trained before, at its own MLP width
         from safetensors.torch import load_file
