@@ -40,8 +40,9 @@ the round runs at the ``k`` that maximizes the expected committed tokens per sec
     E[a | k] = 1 + Σ_{j≤k} Π_{i≤j} p_i
 
 (``a``: tokens committed by the round, the correction or bonus included; ties go to the
-smaller k). ``k = 0`` is a greedy step (drafting does not pay); after :data:`PROBE_EVERY`
-greedy steps in a row the controller proposes one draft again, and after a round that
+smaller k). ``k = 0`` is a greedy step (drafting does not pay); after
+:func:`probe_interval` greedy steps in a row (:data:`PROBE_EVERY`, more where a probe is dear
+against a greedy step) the controller proposes one draft again, and after a round that
 accepted every draft the next goes one position further (at most the bound), so the
 acceptance it reads stays measured: a position the rule never reaches is never observed, and
 its prior alone had kept SmolLM2's chain at k = 1 for whole requests. :func:`best_k` is that
@@ -81,7 +82,9 @@ ACCEPTANCE_SMOOTHING = 0.15
 SPIKE = 2.0  # a time over this multiple of its estimate is clipped to it
 PRIOR_ACCEPTANCE = 0.6  # p_i before any round reached position i
 UNMEASURED_SECONDS = 1.0  # t_verify while no pass was measured (flat: widths look free)
-PROBE_EVERY = 8  # greedy steps in a row before one draft is proposed again
+PROBE_EVERY = 8  # greedy steps in a row before one draft is proposed again, at least ...
+PROBE_SHARE = 0.02  # ... and as many as keep a probe's extra cost to this share of them ...
+MAX_PROBE_EVERY = 128  # ... up to this many
 STALL_SECONDS = 0.25  # a round's outside time above this is a consumer's pause: not counted
 UNSETTLED_MAX = 64  # observed target passes held before the older ones are folded in
 
@@ -110,6 +113,21 @@ def best_k(acceptance: Sequence[float], propose_seconds: Sequence[float],
         if rate > best_rate:
             best, best_rate = k, rate
     return best
+
+
+def probe_interval(propose_seconds: Sequence[float], verify_seconds: Sequence[float],
+                   round_seconds: float, greedy_round_seconds: float | None) -> int:
+    """Greedy steps in a row before a probe of one draft: :data:`PROBE_EVERY`, or more where
+    a probe costs more than :data:`PROBE_SHARE` of the greedy steps between probes (what a
+    one-draft round costs beyond a greedy step, were its draft rejected; on 2 CPU cores and
+    the 2.75M demo pair a probe costs about as much again as a greedy step, and probes every
+    8 steps, with the rounds they led to, made k=auto 0.7x greedy there)."""
+    greedy_round = round_seconds if greedy_round_seconds is None else greedy_round_seconds
+    greedy = verify_seconds[0] + greedy_round
+    beyond = propose_seconds[1] + verify_seconds[1] + round_seconds - greedy
+    if greedy <= 0 or beyond <= 0:
+        return PROBE_EVERY
+    return min(MAX_PROBE_EVERY, max(PROBE_EVERY, round(beyond / (PROBE_SHARE * greedy))))
 
 
 def _moving(old: float | None, new: float, weight: float = SMOOTHING) -> float:
@@ -290,10 +308,12 @@ class WidthController:
         self.reach = min(k + 1, self.max_k) if num_accepted == k + 1 else 0
 
     def choose(self, costs: WidthCosts, kind: str) -> int:
-        k = best_k(self.acceptance, costs.propose_seconds(kind, self.max_k),
-                   costs.verify_seconds(self.max_k + 1), costs.round_seconds,
+        propose, verify = costs.propose_seconds(kind, self.max_k), costs.verify_seconds(
+            self.max_k + 1)
+        k = best_k(self.acceptance, propose, verify, costs.round_seconds,
                    costs.greedy_round_seconds)
-        if k == 0 and self.num_greedy_in_a_row >= PROBE_EVERY:
+        if k == 0 and self.num_greedy_in_a_row >= probe_interval(
+                propose, verify, costs.round_seconds, costs.greedy_round_seconds):
             k = 1  # a probe: keep the acceptance measured
         k, self.reach = max(k, self.reach), 0  # one position past a full accept
         self.num_greedy_in_a_row = self.num_greedy_in_a_row + 1 if k == 0 else 0
