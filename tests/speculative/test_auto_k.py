@@ -221,8 +221,9 @@ def test_a_dear_probe_waits_longer_between_probes():
     costs = WidthCosts(WidthTable({1: 0.24e-3, 2: 0.26e-3, 3: 0.28e-3}),
                        {"chained": WidthTable({1: 0.1e-3, 2: 0.2e-3})}, 0.2e-3, 0.09e-3)
     controller = WidthController(2, acceptance=[0.1, 0.1])  # drafting does not pay
-    chosen = [controller.choose(costs, "chained") for _ in range(37)]
-    assert chosen == [0] * 35 + [1, 0]
+    chosen = [controller.choose(costs, "chained") for _ in range(PROBE_EVERY + 1 + 37)]
+    # a request's first probe soon (its text may suit the drafter), the next ones priced
+    assert chosen == [0] * PROBE_EVERY + [1] + [0] * 35 + [1, 0]
 
 
 def test_a_full_accept_sends_the_next_round_one_position_further():
@@ -318,23 +319,35 @@ def test_a_widths_first_proposal_in_a_request_is_not_timed():
     assert set(costs.propose["chained"].seconds) <= widths
 
 
-def load_engines(root):
+def test_a_greedy_steps_empty_proposal_is_not_timed():
+    """t_propose(0) is 0 by definition: a greedy step's empty proposal timed at width 0 put
+    a point at 0 under the proposer's fitted line (and refitted it every greedy step)."""
+    from types import SimpleNamespace
+
+    costs = WidthCosts()
+    auto = AutoWidthProposer(FirstCallSlow(), "chained", WidthController(max_k=2), costs)
+    state = SimpleNamespace(stats=SimpleNamespace(trace=[]))
+    for k in (0, 0, 2, 2, 0):
+        auto._timed(lambda k=k: auto.inner.propose(state, k), measured=True)
+    costs.settle_proposals()
+    assert set(costs.propose["chained"].seconds) == {2}
+    returned = costs.propose_seconds("chained", 2)
+    returned[1] = 99.0  # the caller's copy: the table's answer stays its own
+    assert costs.propose_seconds("chained", 2)[1] < 1.0
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("auto-k")
     chained = speculant.load(write_chained_package(root / "pair"))
     decoder = write_decoder_package(root / "decoder")
     draft = write_decoder_package(root / "draft", deviation_positions={3, 4, 9, 13, 19, 25, 36})
     return chained, speculant.load(decoder, draft=draft)
 
 
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    return load_engines(tmp_path_factory.mktemp("auto-k"))
-
-
 @pytest.mark.parametrize("proposer", ["chained", "draft", "prompt_lookup"])
-def test_k_auto_decodes_exactly_greedy_for_every_proposer(tmp_path, proposer):
-    """On engines that measured nothing yet (every width looks worth drafting), so rounds
-    run whatever the fixture's drafter is worth on this machine."""
-    chained, with_draft = load_engines(tmp_path)
+def test_k_auto_decodes_exactly_greedy_for_every_proposer(engines, proposer):
+    chained, with_draft = engines
     engine = chained if proposer == "chained" else with_draft
     prompt = encode("def fib(n):\n    return ")
     greedy = engine.generate(prompt, 48, stop_on_eos=False)

@@ -117,11 +117,9 @@ def best_k(acceptance: Sequence[float], propose_seconds: Sequence[float],
 
 def probe_interval(propose_seconds: Sequence[float], verify_seconds: Sequence[float],
                    round_seconds: float, greedy_round_seconds: float | None) -> int:
-    """Greedy steps in a row before a probe of one draft: :data:`PROBE_EVERY`, or more where
-    a probe costs more than :data:`PROBE_SHARE` of the greedy steps between probes (what a
-    one-draft round costs beyond a greedy step, were its draft rejected; on 2 CPU cores and
-    the 2.75M demo pair a probe costs about as much again as a greedy step, and probes every
-    8 steps, with the rounds they led to, made k=auto 0.7x greedy there)."""
+    """Greedy steps in a row before a probe: as many as keep what a one-draft round costs
+    beyond a greedy step under :data:`PROBE_SHARE` of them (on 2 CPU cores the demo pair's
+    probes every 8 steps, with the rounds they led to, kept k=auto at 0.7x greedy)."""
     greedy_round = round_seconds if greedy_round_seconds is None else greedy_round_seconds
     greedy = verify_seconds[0] + greedy_round
     beyond = propose_seconds[1] + verify_seconds[1] + round_seconds - greedy
@@ -148,12 +146,22 @@ class WidthTable:
     # one width measured: the others in proportion to it (a proposal's cost grows with its
     # drafts) rather than flat (a pass's, nearly flat on a device)
     proportional: bool = False
+    # at()'s answers since the last observation (a greedy stretch leaves a proposer's
+    # table as it was: its line is not fitted again every step)
+    _answers: dict[tuple[range, float], tuple[float, ...]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     def observe(self, width: int, seconds: float) -> None:
         self.seconds[width] = _moving_time(self.seconds.get(width), seconds)
+        self._answers.clear()
 
     def at(self, widths: range, unmeasured: float) -> list[float]:
         """Seconds at each of ``widths``: measured, else the fitted line (see the module)."""
+        if (answer := self._answers.get((widths, unmeasured))) is None:
+            answer = self._answers[widths, unmeasured] = tuple(self._fit(widths, unmeasured))
+        return list(answer)
+
+    def _fit(self, widths: range, unmeasured: float) -> list[float]:
         measured = sorted(self.seconds.items())
         if not measured:
             return [unmeasured] * len(widths)
@@ -291,6 +299,7 @@ class WidthController:
     max_k: int
     acceptance: list[float] = field(default_factory=list)
     num_greedy_in_a_row: int = 0
+    has_probed: bool = False
     reach: int = 0  # after a full accept at width k: k + 1, the next round's least width
 
     def __post_init__(self) -> None:
@@ -312,9 +321,10 @@ class WidthController:
             self.max_k + 1)
         k = best_k(self.acceptance, propose, verify, costs.round_seconds,
                    costs.greedy_round_seconds)
-        if k == 0 and self.num_greedy_in_a_row >= probe_interval(
-                propose, verify, costs.round_seconds, costs.greedy_round_seconds):
-            k = 1  # a probe: keep the acceptance measured
+        if k == 0 and self.num_greedy_in_a_row >= (probe_interval(
+                propose, verify, costs.round_seconds, costs.greedy_round_seconds)
+                if self.has_probed else PROBE_EVERY):  # a request's first soon: its text
+            k, self.has_probed = 1, True  # a probe: keep the acceptance measured
         k, self.reach = max(k, self.reach), 0  # one position past a full accept
         self.num_greedy_in_a_row = self.num_greedy_in_a_row + 1 if k == 0 else 0
         return k
@@ -330,7 +340,7 @@ class AutoWidthProposer:
         self.inner, self.kind, self.controller, self.costs = inner, kind, controller, costs
         self._num_rounds_seen = 0
         self.chosen: list[int] = []  # the width asked of the proposer, per proposal
-        self._widths_proposed = {0}  # widths proposed in this request (0: never timed)
+        self._widths_proposed: set[int] = set()  # widths proposed in this request
         # when the last proposal returned, its drafts, and the verify seconds and the
         # proposals' work seconds past their host's observed by then
         self._last: tuple[float, int, float, float] | None = None
@@ -390,9 +400,9 @@ class AutoWidthProposer:
         proposal = propose()
         proposing = time.perf_counter() - started
         # a width's first proposal in a request is not timed: it may make that width's plan
-        # or session once
-        costs.add_proposal(self.kind, proposal.k, proposing,
-                           timed=measured or proposal.k in self._widths_proposed)
+        # or session once; nor is a greedy step's empty one (t_propose(0) = 0)
+        costs.add_proposal(self.kind, proposal.k, proposing, timed=proposal.k > 0 and (
+            measured or proposal.k in self._widths_proposed))
         self._widths_proposed.add(proposal.k)
         self._last = (time.perf_counter(), proposal.k, costs.verify_total,
                       costs.settle_proposals())
