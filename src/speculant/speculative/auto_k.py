@@ -119,7 +119,7 @@ def probe_interval(propose_seconds: Sequence[float], verify_seconds: Sequence[fl
                    round_seconds: float, greedy_round_seconds: float | None) -> int:
     """Greedy steps in a row before a probe: as many as keep what a one-draft round costs
     beyond a greedy step under :data:`PROBE_SHARE` of them (on 2 CPU cores the demo pair's
-    probes every 8 steps, with the rounds they led to, kept k=auto at 0.7x greedy)."""
+    probes every 8 steps, with the rounds they led to, kept k=auto at 0.7× greedy)."""
     greedy_round = round_seconds if greedy_round_seconds is None else greedy_round_seconds
     greedy = verify_seconds[0] + greedy_round
     beyond = propose_seconds[1] + verify_seconds[1] + round_seconds - greedy
@@ -299,7 +299,7 @@ class WidthController:
     max_k: int
     acceptance: list[float] = field(default_factory=list)
     num_greedy_in_a_row: int = 0
-    has_probed: bool = False
+    has_probed: bool = False  # the request's first probe at PROBE_EVERY, later ones priced
     reach: int = 0  # after a full accept at width k: k + 1, the next round's least width
 
     def __post_init__(self) -> None:
@@ -323,7 +323,7 @@ class WidthController:
                    costs.greedy_round_seconds)
         if k == 0 and self.num_greedy_in_a_row >= (probe_interval(
                 propose, verify, costs.round_seconds, costs.greedy_round_seconds)
-                if self.has_probed else PROBE_EVERY):  # a request's first soon: its text
+                if self.has_probed else PROBE_EVERY):  # its text may suit the drafter
             k, self.has_probed = 1, True  # a probe: keep the acceptance measured
         k, self.reach = max(k, self.reach), 0  # one position past a full accept
         self.num_greedy_in_a_row = self.num_greedy_in_a_row + 1 if k == 0 else 0
