@@ -583,8 +583,9 @@ def stage_drafter(args, out, dev, use_bf16, target, train_ids, val_ids, budget, 
         drafter = pairlib.Drafter.from_export_state(load_file(str(args.drafter_init)), tv)
         drafter = drafter.to(dev)
         say(f"drafter: continued from {args.drafter_init}")
-    inter = args.drafter_inter or drafter.layer.mlp.up_proj.weight.shape[0]
-    if inter != drafter.layer.mlp.up_proj.weight.shape[0]:
+    have = drafter.layer.mlp.up_proj.weight.shape[0]  # its MLP units, fresh or continued
+    inter = args.drafter_inter or have
+    if inter != have:
         drafter = pairlib.widen_drafter_mlp(drafter, inter, g).to(dev)
         say(f"drafter: MLP widened to {inter} units (added units: zero down_proj columns)")
     n_tr = count_params(drafter, trainable_only=True)
