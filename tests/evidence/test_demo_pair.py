@@ -18,7 +18,6 @@ tokens).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from importlib import resources
@@ -28,8 +27,8 @@ import numpy as np
 import pytest
 
 import speculant
-from speculant.speculative import chained
-from speculant.speculative.chained import ChainedProposer, read_scaled_table
+from speculant.speculative import chain_graph
+from speculant.speculative.chained import ChainedProposer, read_table
 from speculant.workflow.static_cells import StaticPool
 from speculant.workflow.target_pass import TargetPass
 
@@ -212,7 +211,7 @@ def test_gate(pair, k, monkeypatch):
 def test_embedding_table_is_real_and_of_the_declared_width(pair):
     """G4: the declared table is not all zeros and has width W_E = W_F - W_C."""
     chain = pair.engine.package.plan.chain
-    host = read_scaled_table(pair.engine.package, chain)  # from the artifact, not the mirror
+    host = read_table(pair.engine.package, chain)  # from the artifact, not the mirror
     assert np.any(host != 0)
     assert chain.fused_width is None or chain.carry_width is None or \
         host.shape[1] == chain.fused_width - chain.carry_width
@@ -248,16 +247,12 @@ def plant_zeroed_borrowed_cache(monkeypatch, pair: Pair) -> None:
 
 
 def plant_unscaled_table(monkeypatch, pair: Pair) -> None:
-    """The embedding table read as stored: ``token_embedding.scale`` ignored."""
+    """The drafter fed the stored rows: ``token_embedding.scale`` left out of the step graph
+    (made at load: the planted run gets an engine of its own)."""
     if pair.engine.package.plan.chain.scale in (None, 1.0):
         pytest.skip(f"{pair.name} declares no embedding scale to leave out")
-
-    def unscaled(package, chain):
-        return read_scaled_table(package, dataclasses.replace(chain, scale=None))
-
-    monkeypatch.setattr(chained, "read_scaled_table", unscaled)
-    monkeypatch.setattr(pair.engine.proposer, "_table", None)  # read again, unscaled
-    monkeypatch.setattr(pair.engine, "static_pool", StaticPool())  # step plans bind the table
+    monkeypatch.setattr(chain_graph, "row_scale", lambda chain: None)
+    monkeypatch.setattr(pair, "engine", _load(pair.engine.package.root))
 
 
 @pytest.mark.parametrize("defect", ["zeroed_borrowed_cache", "unscaled_embedding_table"])

@@ -21,15 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import helper
 
 import speculant
 from builders import definition as fx
 from builders import reference as ref
 from builders.trace import Trace, chained_drafts, speculative_trace
-from speculant.speculative import chained
+from speculant.speculative import chain_graph
 from speculant.speculative import proposal as proposal_module
-from speculant.speculative.chain_graph import CARRY, TABLE, TOKEN
+from speculant.speculative.chain_graph import CARRY, TABLE, TOKEN, step_component
 from speculant.speculative.chained import ChainedProposer
 from speculant.tensors import Value
 from speculant.workflow.state import DecodeState, empty_cells
@@ -46,21 +49,37 @@ PROBE_PROMPT = (5, 9, 3)  # the prompt of the stated acceptance figures and the 
 
 
 # -- recording ------------------------------------------------------------------------------
+class FusedProbe:
+    """The fused input an engine's step graph builds from a step's bound inputs: the step
+    graph (made as the engine made it, plants included) with the fused port as an output."""
+
+    def __init__(self, engine: speculant.Engine) -> None:
+        chain = engine.package.plan.chain
+        model = onnx.load_from_string(step_component(engine.package).source)
+        elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(chain.currency))
+        model.graph.output.append(helper.make_tensor_value_info(chain.fused_port, elem_type,
+                                                                None))
+        self.port = chain.fused_port
+        self.session = ort.InferenceSession(model.SerializeToString(),
+                                            providers=["CPUExecutionProvider"])
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session.run([self.port], inputs)[0]
+
+
 @dataclass
 class Step:
     """One proposer invocation: host copies of its input and output ports."""
 
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
+    probe: FusedProbe
 
     @property
     def fused(self) -> np.ndarray:
-        """The fused input the step graph builds from what it was bound:
-        ``concat(table[token], carry)`` [1, 1, W_F] (test_chain_graph.py holds the graph to
-        exactly that)."""
-        row = self.inputs[TABLE][self.inputs[TOKEN]]  # [1, W_E]
-        carry = self.inputs[CARRY]  # [1, 1, W_C]
-        return np.concatenate([row.reshape(carry.shape[:-1] + row.shape[-1:]), carry], -1)
+        """The fused input [1, 1, W_F] the step graph built from what it was bound
+        (test_chain_graph.py holds the drafter fed exactly it to the step's outputs)."""
+        return self.probe(self.inputs)
 
 
 @dataclass
@@ -116,7 +135,7 @@ class Recording:
 
 
 def _host_copy(value: Value) -> np.ndarray:
-    assert value.is_host, f"CPU tests expect host values, got {value.describe()}"
+    assert value.residency == "host", f"CPU tests expect host values, got {value.describe()}"
     return np.array(value.data, copy=True)
 
 
@@ -131,6 +150,7 @@ def run_recorded(engine: speculant.Engine, mp: pytest.MonkeyPatch, prompt, k: in
     proposer = engine.proposer
     if proposer is not None:
         propose, invoke = proposer.propose, proposer.session.invoke
+        probe = FusedProbe(engine) if engine.package.plan.chain is not None else None
 
         def recording_propose(state: DecodeState, width: int) -> proposal_module.Proposal:
             nonlocal current
@@ -151,7 +171,7 @@ def run_recorded(engine: speculant.Engine, mp: pytest.MonkeyPatch, prompt, k: in
             rec.proposer_invocations += 1
             if current is not None:
                 current.append(Step({p: _host_copy(v) for p, v in inputs.items()},
-                                    {p: _host_copy(v) for p, v in produced.items()}))
+                                    {p: _host_copy(v) for p, v in produced.items()}, probe))
             return produced
 
         mp.setattr(proposer, "propose", recording_propose)
@@ -457,18 +477,15 @@ def plant_generic_borrowed_binding(mp: pytest.MonkeyPatch, engine: speculant.Eng
 
 
 def plant_table_scale(mp: pytest.MonkeyPatch, times: int) -> None:
-    """The chain's table scaled ``times`` times (0: not scaled, 2: scaled twice). Only takes
-    effect on an engine that has not read its table yet."""
-    original = chained.read_scaled_table
+    """Each gathered row scaled by the declared scale to the power ``times`` (0: not
+    scaled, 2: by its square). Only takes effect on an engine loaded after it."""
+    declared = chain_graph.row_scale
 
-    def planted(package, chain_plan):
-        table = original(package, dataclasses.replace(chain_plan, scale=None))  # as stored
-        scale = np.float32(fx.EMBEDDING_SCALE)
-        for _ in range(times):
-            table = (table.astype(np.float32) * scale).astype(table.dtype)
-        return table
+    def planted(chain_plan):
+        scale = declared(chain_plan)
+        return None if times == 0 else scale ** times
 
-    mp.setattr(chained, "read_scaled_table", planted)
+    mp.setattr(chain_graph, "row_scale", planted)
 
 
 def plant_unchained_carry(mp: pytest.MonkeyPatch) -> None:

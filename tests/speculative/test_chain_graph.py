@@ -12,7 +12,7 @@ import pytest
 from chain_helpers import PROBE_PROMPT
 
 from speculant.speculative.chain_graph import CARRY, NEXT, TABLE, TOKEN
-from speculant.speculative.chained import read_scaled_table
+from speculant.speculative.chained import read_table
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -22,7 +22,7 @@ def test_the_step_graph_is_the_drafter_fed_the_fused_input(recorded, dtype):
     chain = package.plan.chain
     drafter = ort.InferenceSession(package.model_source(package.plan.proposer),
                                    providers=["CPUExecutionProvider"])
-    table = read_scaled_table(package, chain)  # [V_E, W_E] as the runtime scales it
+    table = read_table(package, chain)  # [V_E, W_E] as the target stores it
     steps = [step for proposal in rec.proposals for step in proposal.steps]
     assert len(steps) > 8
     for step in steps:

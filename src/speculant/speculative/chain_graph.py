@@ -5,15 +5,16 @@ row of the last token, scatter it and the carry into the fused buffer) and reduc
 step's scores with a third (argmax). At load the proposer's graph is rewritten, once, so
 that the same three happen inside it:
 
-    row   = Gather(TABLE, TOKEN)                             # [1, W_E]: the scaled row
+    row   = Mul(Gather(TABLE, TOKEN), SCALE)                 # [1, W_E]: the scaled row
     fused = Concat(row shaped to the step, CARRY, axis=-1)   # the fused port's value
     ...   the proposer's graph, unchanged ...
     NEXT  = Cast(ArgMax(last row of logits), int32)          # [1] int32: the step's draft
 
-``TABLE`` is bound to the chain's scaled table (read and scaled once per runtime, adopted
-once: the same bytes the seam's gather reads), ``TOKEN`` is the id the step predicts the
-successor of, ``CARRY`` the previous step's carry. The fused input thus holds exactly the
-bytes §9.4 writes, so every logit is the one the seam's loop would give. A step's outputs
+``TABLE`` is bound to the target's table as stored (read once, never copied on the host),
+``SCALE`` is ``token_embedding.scale`` in the currency (no Mul where none is declared; one
+product of two currency values, rounded once, is §9.4's ``round(f32(e) · f32(scale))``),
+``TOKEN`` the id the step predicts the successor of, ``CARRY`` the previous step's carry:
+the fused input holds the bytes §9.4 writes, so every logit is the seam's loop's. A step's outputs
 are the next step's inputs, so on static caches the chain binds step ``j``'s ``NEXT`` and
 carry to the buffers step ``j + 1`` reads (``chain_steps.py``) and a step is one run — on
 CUDA one graph replay, with no kernel launched between steps.
@@ -35,8 +36,10 @@ from speculant.errors import AdmissionError, ChainError
 from speculant.package.model import Ports, TensorContract
 from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
+from speculant.tensors import NUMPY_DTYPES
 
-TABLE = "speculant.chain.table"  # [V_E, W_E] currency: the scaled table
+TABLE = "speculant.chain.table"  # [V_E, W_E] currency: the target's table as stored
+SCALE = "speculant.chain.scale"  # [] currency: token_embedding.scale (an initializer)
 TOKEN = "speculant.chain.token"  # [1] int32: the token whose successor the step predicts
 CARRY = "speculant.chain.carry"  # [1, ..., 1, W_C] currency: the carry the step is fed
 NEXT = "speculant.chain.next_token"  # [1] int32: argmax of the step's last score row
@@ -98,6 +101,12 @@ def step_prefix(fused: TensorContract, chain: ChainPlan) -> tuple[int, ...]:
     return tuple(prefix)
 
 
+def row_scale(chain: ChainPlan) -> np.ndarray | None:
+    """[] currency: ``token_embedding.scale``, each gathered row's factor (None: none)."""
+    return None if chain.scale is None else np.asarray(chain.scale,
+                                                       NUMPY_DTYPES[chain.currency])
+
+
 def table_initializer(package: Package, chain: ChainPlan) -> TensorProto:
     """The target's initializer holding the token embeddings (load admitted it: A6)."""
     graph = package.graphs[package.plan.target].graph
@@ -138,10 +147,15 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
     }
     graph.initializer.extend(
         numpy_helper.from_array(_int64(value), _PREFIX + key) for key, value in constants.items())
+    scale = row_scale(chain)
+    if scale is not None:
+        graph.initializer.append(numpy_helper.from_array(scale, SCALE))
     n = _PREFIX
     row = n + ("row_e" if broadcast else "row_r")
-    prologue = [  # the fused input: the token's row and the carry (declared at the prefix)
-        helper.make_node("Gather", [TABLE, TOKEN], [n + "row"], axis=0),
+    gathered = n + ("row" if scale is None else "row_stored")
+    prologue = [  # the fused input: the token's scaled row and the carry (at the prefix)
+        helper.make_node("Gather", [TABLE, TOKEN], [gathered], axis=0),
+        *([] if scale is None else [helper.make_node("Mul", [gathered, SCALE], [n + "row"])]),
         helper.make_node("Reshape", [n + "row", n + "row_shape"], [n + "row_r"]),
         *([helper.make_node("Expand", [n + "row_r", n + "prefix_shape"], [row])]
           if broadcast else []),

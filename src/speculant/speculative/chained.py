@@ -1,8 +1,9 @@
 """The chained proposal (runtime.md §8-§9): an MTP/EAGLE-style drafter, step by step.
 
-Each step feeds the drafter ``concat(scaled_table[last], carry)``, built inside its step graph
-where the chain executes (``chain_graph.py``); the borrowed caches are the owner's cells as
-they stand after rollback; only the drafted token ids cross to the host.
+Each step feeds the drafter ``concat(table[last] · scale, carry)``, built inside its step graph
+where the chain executes (``chain_graph.py``) from the target's table as stored; the borrowed
+caches are the owner's cells as they stand after rollback; only the drafted token ids cross
+to the host.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
-from speculant.speculative.chain_graph import CARRY, NEXT, TABLE, TOKEN
+from speculant.speculative.chain_graph import CARRY, NEXT, TABLE, TOKEN, table_initializer
 from speculant.speculative.chain_steps import ChainSteps
 from speculant.speculative.proposal import Proposal, QueuedRound
 from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
@@ -28,28 +29,17 @@ from speculant.workflow.state import DecodeState
 from speculant.workflow.static_cells import StaticCells
 from speculant.workflow.target_pass import PassResult
 
-SCALE_ROWS_PER_CHUNK = 4096
 
-
-def read_scaled_table(package: Package, chain: ChainPlan) -> np.ndarray:
-    """The declared embedding table ``[V_E, W_E]``, read from the target artifact and scaled
-    once: each element becomes ``round_currency(f32(element) · f32(round_currency(scale)))``,
-    walking bounded row chunks so the whole table is never widened. Load
-    admitted the table (an initializer of the target, in the chain's currency: A6)."""
-    graph = package.graphs[package.plan.target].graph
-    initializer = next(i for i in graph.initializer if i.name == chain.table)
-    base_dir = str(package.artifacts[package.plan.target].parent)
+def read_table(package: Package, chain: ChainPlan) -> np.ndarray:
+    """The declared embedding table ``[V_E, W_E]`` in the chain's currency, as the target
+    artifact stores it: a read-only view of the loaded initializer, never copied (SmolLM2's
+    is 113 MB; the step graph scales the one row a step gathers). Load admitted the table
+    (an initializer of the target, in the chain's currency: A6)."""
+    initializer = table_initializer(package, chain)
     if initializer.data_location == onnx.TensorProto.EXTERNAL:
-        table = numpy_helper.to_array(initializer, base_dir=base_dir)
-    else:
-        table = numpy_helper.to_array(initializer)
-    table = np.array(table, copy=True, order="C")  # writable: scaled in place below
-    if chain.scale is not None:
-        scale = np.float32(NUMPY_DTYPES[chain.currency].type(chain.scale))
-        for start in range(0, table.shape[0], SCALE_ROWS_PER_CHUNK):
-            rows = table[start:start + SCALE_ROWS_PER_CHUNK]
-            rows[...] = (rows.astype(np.float32) * scale).astype(table.dtype)
-    return table
+        base_dir = str(package.artifacts[package.plan.target].parent)
+        return numpy_helper.to_array(initializer, base_dir=base_dir)
+    return numpy_helper.to_array(initializer)
 
 
 def proposer_length_port(package: Package) -> str | None:
@@ -106,7 +96,7 @@ class ChainedProposer:
         # The chain residency: where the proposer's outputs are produced (its execution device,
         # or the host in the host-staged parity configuration).
         self.residency = session.output_residency
-        self._table: Value | None = None  # [V_E, W_E] currency, scaled, in the chain residency
+        self._table: Value | None = None  # [V_E, W_E] currency, as stored, in the chain residency
         # how each shared input of the step plans is advanced on the device for a round
         # queued behind another: (port, "length" | "row" | "copy", value name, axis); None
         # where one is narrowed to the consumed length (a shape that changes: not queued)
@@ -115,9 +105,10 @@ class ChainedProposer:
 
     @property
     def table(self) -> Value:
-        """The scaled table, read once per runtime and adopted once into the chain residency."""
+        """The table as stored, read once per runtime and adopted once into the chain
+        residency (on the host: the loaded initializer itself)."""
         if self._table is None:
-            host_table = Value.host(read_scaled_table(self.package, self.chain),
+            host_table = Value.host(read_table(self.package, self.chain),
                                     self.chain.currency)
             self.seam.counters.embedding_table_reads += 1
             self._table = self.seam.adopt(host_table, self.residency)

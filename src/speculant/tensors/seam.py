@@ -61,11 +61,6 @@ class TensorSeam(SamplingOps, CursorOps):
         self._served: dict[str, Backend] = {HOST: self.host}  # residency -> its backend
 
     @property
-    def device_kinds(self) -> tuple[str, ...]:
-        """The device kinds this seam has a backend for (``()``: host only)."""
-        return tuple(kind for kind in self._backends if kind != HOST)
-
-    @property
     def ordering(self) -> str:
         """How device work is ordered against ONNX Runtime: ``shared_stream`` or ``fence``."""
         modes = {backend.ordering for backend in self._backends.values()}

@@ -72,10 +72,6 @@ class Value:
     def nbytes(self) -> int:
         return int(self.data.nbytes)
 
-    @property
-    def is_host(self) -> bool:
-        return self.residency == HOST
-
     def describe(self) -> str:
         return f"{list(self.shape)} {self.dtype} on {self.residency}"
 
