@@ -171,12 +171,29 @@ def test_the_cost_of_an_unmeasured_width_is_read_off_the_measured_ones():
     costs.verify.observe(2, 4.0)
     assert costs.verify_seconds(3) == [4.0, 4.0, 4.0]
     costs.verify.observe(4, 5.0)  # the line 3 + 0.5 n, never below the cheapest measured
-    assert costs.verify_seconds(5) == pytest.approx([4.0, 4.0, 4.5, 5.0, 5.5])
+    assert costs.verify_seconds(5) == pytest.approx([3.5, 4.0, 4.5, 5.0, 5.5])  # but at 1
     falling = WidthTable({1: 2.0, 2: 1.0})  # a line that falls: the mean
     assert falling.at(range(1, 4), 0.0) == pytest.approx([2.0, 1.0, 1.5])
     costs.observe_proposal("chained", 1, 3.0)
     costs.observe_proposal("chained", 3, 5.0)
     assert costs.propose_seconds("chained", 4) == pytest.approx([0.0, 3.0, 4.0, 5.0, 6.0])
+
+
+def test_a_width_narrower_than_every_measured_one_is_read_off_the_line():
+    """Below the narrowest measured width the line holds, between that width's cost in
+    proportion to the tokens and its cost. The literal costs of a cold SmolLM2 request on 2
+    CPU cores (ms; the 37-token pass its prefill): priced as dear as width 7, the narrower
+    widths were never tried and the request stayed at k = 6."""
+    table = WidthTable({7: 28.8, 9: 30.8, 37: 85.6})  # the line 14.465 + 1.921 n
+    assert table.at(range(1, 10), 0.0) == pytest.approx(
+        [16.39, 18.31, 20.23, 22.15, 24.07, 25.99, 28.8, 29.83, 30.8], abs=0.01)
+    assert WidthTable({4: 8.0, 5: 20.0}).at(range(1, 4), 0.0) == [2.0, 4.0, 6.0]  # steep
+    assert WidthTable({2: 5.0, 3: 5.1}).at(range(1, 2), 0.0) == pytest.approx([4.9])  # line
+    costs = WidthCosts(WidthTable({7: 0.0288, 9: 0.0308, 37: 0.0856}),
+                       {"chained": WidthTable({6: 0.0024}, proportional=True)},
+                       round_seconds=0.0007)
+    controller = WidthController(8, acceptance=[0.42, 0.2, 0.43] + [0.6] * 5)
+    assert controller.choose(costs, "chained") == 1
 
 
 def test_a_proposer_timed_at_one_width_is_priced_in_proportion_at_the_others():

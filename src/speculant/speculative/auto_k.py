@@ -18,10 +18,12 @@ default k, within its bound), with the measured
   so every run through ``invoke`` or a ``PassPlan`` counts);
 
 each a moving average per width (:class:`WidthTable`; a width not measured yet is read off
-the least-squares line through the measured widths, never below the cheapest measured, their
-mean where the line falls; while one width is measured, flat for a verify and in proportion
-to the drafts for a proposal (flat, a proposer first timed at its widest width looked as
-dear at every width, and SmolLM2's chain on the CPU stayed at k = 8);
+the least-squares line through the measured widths, their mean where the line falls; never
+below the cheapest measured, but below the narrowest measured width between its cost in
+proportion to the tokens and its cost (priced as dear as it, narrower widths were never
+tried: cold, SmolLM2's CPU pair stayed at k = 6); while one width is measured, flat for a
+verify and in proportion to the drafts for a proposal (flat, a proposer first timed at its
+widest width looked as dear at every width: SmolLM2's CPU chain stayed at k = 8);
 :data:`UNMEASURED_SECONDS` for a verify and 0 for a proposal while none is); and
 
 * ``t_round``: the seconds a round spends outside both (acceptance, read-back, rollback,
@@ -173,7 +175,9 @@ class WidthTable:
             points, seconds = zip(*measured, strict=True)
             slope, intercept = statistics.linear_regression(points, seconds)
             floor, mean = min(seconds), statistics.fmean(seconds)
-            fitted = {n: max(floor, intercept + slope * n) if slope > 0 else mean
+            (narrowest, at_narrowest), line = measured[0], lambda n: intercept + slope * n
+            fitted = {n: mean if slope <= 0 else max(floor, line(n)) if n > narrowest
+                      else min(at_narrowest, max(at_narrowest * n / narrowest, line(n)))
                       for n in widths}
         return [self.seconds.get(n, fitted[n]) for n in widths]
 
