@@ -32,8 +32,8 @@ from speculant.workflow.target_pass import PassResult
 
 def read_table(package: Package, chain: ChainPlan) -> np.ndarray:
     """The declared embedding table ``[V_E, W_E]`` in the chain's currency, as the target
-    artifact stores it: a read-only view of the loaded initializer, never copied (SmolLM2's
-    is 113 MB; the step graph scales the one row a step gathers). Load admitted the table
+    artifact stores it: a read-only array over the initializer's bytes, never scaled in a
+    copy (SmolLM2's is 113 MB; the step graph scales the row it gathers). Load admitted it
     (an initializer of the target, in the chain's currency: A6)."""
     initializer = table_initializer(package, chain)
     if initializer.data_location == onnx.TensorProto.EXTERNAL:
@@ -106,7 +106,7 @@ class ChainedProposer:
     @property
     def table(self) -> Value:
         """The table as stored, read once per runtime and adopted once into the chain
-        residency (on the host: the loaded initializer itself)."""
+        residency (on the host: that array itself, no copy)."""
         if self._table is None:
             host_table = Value.host(read_table(self.package, self.chain),
                                     self.chain.currency)
