@@ -13,6 +13,7 @@ from speculant.session.session import Invocation
 from speculant.speculative.auto_k import (
     MAX_PROBE_EVERY,
     PROBE_EVERY,
+    STRETCH,
     UNSETTLED_MAX,
     AutoWidthProposer,
     WidthController,
@@ -241,6 +242,28 @@ def test_a_dear_probe_waits_longer_between_probes():
     chosen = [controller.choose(costs, "chained") for _ in range(PROBE_EVERY + 1 + 37)]
     # a request's first probe soon (its text may suit the drafter), the next ones priced
     assert chosen == [0] * PROBE_EVERY + [1] + [0] * 35 + [1, 0]
+
+
+def test_a_greedy_choice_hands_the_steps_before_the_probe_to_the_greedy_path():
+    """After a greedy choice the rule would choose greedy until the probe (acceptance moves
+    only in a round with drafts): those steps are taken as a stretch, at most STRETCH at a
+    time, counted as chosen, and the probe comes exactly where choosing each would put it."""
+    costs = WidthCosts(WidthTable({1: 0.24e-3, 2: 0.26e-3, 3: 0.28e-3}),
+                       {"chained": WidthTable({1: 0.1e-3, 2: 0.2e-3})}, 0.2e-3, 0.09e-3)
+    controller = WidthController(2, acceptance=[0.1, 0.1])  # drafting does not pay
+    assert controller.take_greedy_stretch(STRETCH) == 0  # nothing chosen yet
+    assert controller.choose(costs, "chained") == 0
+    assert controller.greedy_left == PROBE_EVERY - 1
+    assert controller.take_greedy_stretch(3) == 3  # at most what is asked
+    assert controller.take_greedy_stretch(STRETCH) == PROBE_EVERY - 4  # never past the probe
+    assert controller.take_greedy_stretch(STRETCH) == 0
+    assert controller.choose(costs, "chained") == 1  # the first probe, as choosing each gave
+    assert controller.take_greedy_stretch(STRETCH) == 0  # after a round with drafts: none
+    # the next probe priced (35 greedy steps, test_a_dear_probe_...): 1 + 34 taken
+    stretches = []
+    while controller.choose(costs, "chained") == 0:
+        stretches.append(controller.take_greedy_stretch(STRETCH))
+    assert len(stretches) + sum(stretches) == 35 and max(stretches) == STRETCH
 
 
 def test_a_full_accept_sends_the_next_round_one_position_further():

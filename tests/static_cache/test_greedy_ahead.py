@@ -78,3 +78,42 @@ def test_a_pass_fed_a_stale_choice_is_caught(pairs, reference, monkeypatch):
     monkeypatch.setattr(TargetPass, "run", stale)
     planted = engine.generate(PROMPT, max_new_tokens=NEW, stop_on_eos=False)
     assert len(fed) == NEW - 2 and planted.token_ids != reference
+
+
+def asking(monkeypatch) -> list[int]:
+    """Every choice k=auto's rule makes, in order."""
+    from speculant.speculative import auto_k
+
+    asked: list[int] = []
+    choose = auto_k.WidthController.choose
+    monkeypatch.setattr(auto_k.WidthController, "choose",
+                        lambda self, *a: asked.append(choose(self, *a)) or asked[-1])
+    return asked
+
+
+@pytest.mark.parametrize("proposer", ["chained", "prompt_lookup"])
+@pytest.mark.parametrize("cache", ["static", "appended"])
+def test_k_auto_runs_its_greedy_stretches_on_the_greedy_path(pairs, monkeypatch, proposer,
+                                                              cache):
+    """Drafting priced out (a proposal costs a second): k=auto decodes greedy's tokens. On
+    static caches its greedy steps run as stretches of greedy_ahead (the rule asked once a
+    stretch, no empty proposal), the first probe where choosing every step puts it (after
+    PROBE_EVERY greedy steps); on appended caches the rule is asked every step."""
+    from speculant.speculative.auto_k import PROBE_EVERY, STRETCH, WidthTable
+
+    engine = engine_at(pairs["scatter-float32", cache], 0)
+    asked = asking(monkeypatch)
+    monkeypatch.setattr(engine.proposer_sources.costs, "propose",
+                        {proposer: WidthTable({1: 1.0, 2: 2.0})})
+    want = engine.generate(PROMPT, max_new_tokens=NEW, stop_on_eos=False).token_ids
+    result = engine.generate(PROMPT, max_new_tokens=NEW, stop_on_eos=False,
+                             proposer=proposer)
+    stats = result.stats
+    assert result.token_ids == want and stats.rounds >= 1
+    assert stats.greedy_steps + stats.rounds == stats.target_passes - 1 == NEW - 1
+    if cache == "appended":
+        # every round but the last asks (the budget leaves that one no drafts to choose)
+        assert asked.index(1) == PROBE_EVERY and len(asked) == NEW - 2
+        return
+    assert asked[:2] == [0, 1]  # a greedy step, its stretch of PROBE_EVERY - 1, the probe
+    assert len(asked) <= 1 + stats.rounds + 2 * (stats.greedy_steps // (STRETCH + 1) + 1)

@@ -30,17 +30,21 @@ from speculant.workflow.state import DecodeState, RoundResult
 from speculant.workflow.target_pass import UNREAD, PassResult, TargetPass
 
 
-def greedy_ahead(state: DecodeState, target: TargetPass, depth: int) -> Iterator[int]:
-    """Greedy steps on static caches with up to ``depth`` passes queued beyond the one the
-    host reads: each pass's argmax [1] int32 stays where it was made and is the next pass's
-    token there (``drafts``: runtime.md §17.4's in-place block), and its read-back (4 bytes)
-    waits for that pass alone, so the device never waits for the host between tokens. The
-    state records each as run_round's greedy step."""
+def greedy_ahead(state: DecodeState, target: TargetPass, depth: int,
+                 steps: int | None = None) -> Iterator[int]:
+    """Greedy steps on static caches (``steps`` of them, None: to the end) with up to
+    ``depth`` passes queued beyond the one the host reads: each pass's argmax [1] int32 stays
+    where it was made and is the next pass's token there (``drafts``: runtime.md §17.4's
+    in-place block), and its read-back (4 bytes) waits for that pass alone, so the device
+    never waits for the host between tokens. The state records each as run_round's greedy
+    step."""
     seam = state.seam
     queued: deque[tuple[PassResult, Callable[[], list[int]], bool]] = deque()
     start, choice = state.consumed, None  # choice [1] int32: the latest queued pass's argmax
-    while not state.is_stopped:
-        while len(queued) <= depth and state.capped_width(len(queued)) == len(queued):
+    end = None if steps is None else start + steps  # the first position not to run
+    while not state.is_stopped and (queued or start != end):
+        while len(queued) <= depth and start != end and \
+                state.capped_width(len(queued)) == len(queued):
             block = [state.pending] if choice is None else []  # the first from the host
             result = target.run(block, start, state.cells, state.admitted, state.controls,
                                 drafts=choice)

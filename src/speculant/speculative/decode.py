@@ -44,5 +44,10 @@ def decode(state: DecodeState, target: TargetPass, proposer: Proposer | None,
     if target.ahead and not target.control_ports and queues is not None and queues(state):
         yield from rounds_ahead(state, target, proposer, k, target.ahead)
         return
+    # k=auto's greedy stretches (speculative/auto_k.py) run on the greedy path where it runs
+    stretches = isinstance(proposer, AutoWidthProposer) and state.sampler is None and \
+        isinstance(state.cells, StaticCells)
     while not state.is_stopped:
         yield from state.record(run_round(state, target, proposer, k))
+        if stretches and not state.is_stopped and (steps := proposer.greedy_stretch()):
+            yield from greedy_ahead(state, target, target.ahead, steps)
