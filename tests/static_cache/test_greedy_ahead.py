@@ -92,16 +92,19 @@ def asking(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("proposer", ["chained", "prompt_lookup"])
-@pytest.mark.parametrize("cache", ["static", "appended"])
+@pytest.mark.parametrize(("cache", "depth"), [("static", 0), ("static", 1), ("appended", 0)])
 def test_k_auto_runs_its_greedy_stretches_on_the_greedy_path(pairs, monkeypatch, proposer,
-                                                              cache):
+                                                              cache, depth):
     """Drafting priced out (a proposal costs a second): k=auto decodes greedy's tokens. On
     static caches its greedy steps run as stretches of greedy_ahead (the rule asked once a
     stretch, no empty proposal), the first probe where choosing every step puts it (after
-    PROBE_EVERY greedy steps); on appended caches the rule is asked every step."""
+    PROBE_EVERY greedy steps), and queued ahead or not no pass runs past a stretch's end. On
+    appended caches the rule is asked every step, as it is for chained rounds queued ahead
+    (speculative/ahead.py's rounds_ahead: each queued round chooses its width)."""
     from speculant.speculative.auto_k import PROBE_EVERY, STRETCH, WidthTable
 
-    engine = engine_at(pairs["scatter-float32", cache], 0)
+    engine = engine_at(pairs["scatter-float32", cache], depth)
+    session = engine.sessions[engine.package.plan.target]
     asked = asking(monkeypatch)
     monkeypatch.setattr(engine.proposer_sources.costs, "propose",
                         {proposer: WidthTable({1: 1.0, 2: 2.0})})
@@ -111,9 +114,11 @@ def test_k_auto_runs_its_greedy_stretches_on_the_greedy_path(pairs, monkeypatch,
     stats = result.stats
     assert result.token_ids == want and stats.rounds >= 1
     assert stats.greedy_steps + stats.rounds == stats.target_passes - 1 == NEW - 1
-    if cache == "appended":
+    if cache == "appended" or (depth and proposer == "chained"):
+        assert asked.index(1) == PROBE_EVERY  # the rule asked at every greedy step
         # every round but the last asks (the budget leaves that one no drafts to choose)
-        assert asked.index(1) == PROBE_EVERY and len(asked) == NEW - 2
+        assert cache != "appended" or len(asked) == NEW - 2
         return
     assert asked[:2] == [0, 1]  # a greedy step, its stretch of PROBE_EVERY - 1, the probe
+    assert session.num_invocations == len(want) + stats.target_passes  # none past a stretch
     assert len(asked) <= 1 + stats.rounds + 2 * (stats.greedy_steps // (STRETCH + 1) + 1)
