@@ -37,7 +37,8 @@ def decode(state: DecodeState, target: TargetPass, proposer: Proposer | None,
     # 3. Rounds: propose, verify, then the state rolls back and commits with stop checks;
     #    greedy on static caches the next pass or round is queued before the last is read
     #    (speculative/ahead.py).
-    if proposer is None and state.sampler is None and isinstance(state.cells, StaticCells):
+    greedy_path = state.sampler is None and isinstance(state.cells, StaticCells)
+    if proposer is None and greedy_path:
         yield from greedy_ahead(state, target, target.ahead)
         return
     queues = getattr(proposer, "queues", None)
@@ -45,9 +46,8 @@ def decode(state: DecodeState, target: TargetPass, proposer: Proposer | None,
         yield from rounds_ahead(state, target, proposer, k, target.ahead)
         return
     # k=auto's greedy stretches (speculative/auto_k.py) run on the greedy path where it runs
-    stretches = isinstance(proposer, AutoWidthProposer) and state.sampler is None and \
-        isinstance(state.cells, StaticCells)
+    auto = proposer if greedy_path and isinstance(proposer, AutoWidthProposer) else None
     while not state.is_stopped:
         yield from state.record(run_round(state, target, proposer, k))
-        if stretches and not state.is_stopped and (steps := proposer.greedy_stretch()):
+        if auto is not None and not state.is_stopped and (steps := auto.greedy_stretch()):
             yield from greedy_ahead(state, target, target.ahead, steps)
