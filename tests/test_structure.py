@@ -189,3 +189,15 @@ def test_the_runtime_stays_inside_its_line_budget():
                       for p in root.rglob("*.py")
                       if len(p.read_text().splitlines()) > MODULE_LINE_LIMIT})
         assert not large, f"modules over {MODULE_LINE_LIMIT} lines: {large}"
+
+
+MODEL_SUFFIXES = {".onnx", ".npz", ".safetensors", ".gguf", ".data"}
+MODEL_BYTES_LIMIT = 30_000_000  # every GPU call carries the working tree; models come from packages
+
+
+def test_the_shipped_model_files_stay_under_30_mb():
+    files = {p: p.stat().st_size for p in SRC.rglob("*") if p.suffix in MODEL_SUFFIXES}
+    assert len(files) >= 4  # the demo target and drafter, the draft model, the SmolLM2 drafter
+    total = sum(files.values())
+    assert total < MODEL_BYTES_LIMIT, f"model files under src/ hold {total:,} bytes: " + \
+        ", ".join(f"{p.relative_to(SRC)} {n:,}" for p, n in sorted(files.items()))

@@ -312,7 +312,7 @@ def main(argv=None):
     # -- export, then measure the exported (float16-rounded) weights --------------------
     t = time.time()
     arrays = drafter_arrays(drafter)
-    np.savez(out / "drafter.npz", **arrays)
+    np.savez_compressed(out / "drafter.npz", **arrays)  # the committed files stay under 30 MB
     drafter.load_export_state({k: torch.from_numpy(v.astype(np.float32))
                                for k, v in arrays.items()})
     drafter.eval()
