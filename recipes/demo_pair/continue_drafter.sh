@@ -3,8 +3,8 @@
 # (the committed target and draft model unchanged), export the pair, and widen it to the
 # realistic ~1B float16 static pair with the int4 drafter.
 #   bash recipes/demo_pair/continue_drafter.sh OUT TAG SECONDS [train.py options...]
-# carry .demo_pair_prev (its making: recipes/demo_pair/README.md, "Continuing the drafter
-# alone"). Leaves /tmp/pair_TAG (the float32 pair) and /tmp/real1b_TAG; returns OUT/TAG/
+# run recipes/demo_pair/resume_from_committed.sh first (it writes .demo_pair_prev from the committed
+# packages where it runs). Leaves /tmp/pair_TAG (the float32 pair) and /tmp/real1b_TAG; returns OUT/TAG/
 # {rest.tar, train.out, model.onnx} (rest.tar: the training folder less the target).
 # Bench afterwards: speculant bench /tmp/real1b_TAG --device cuda --proposer chained ...
 set -u
