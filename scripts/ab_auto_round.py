@@ -19,7 +19,7 @@ import time
 import types
 
 import speculant
-from speculant.speculative.auto_k import WidthCosts
+from speculant.speculative.width import WidthCosts
 
 
 def main() -> None:

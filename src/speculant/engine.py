@@ -18,11 +18,9 @@ import numpy as np
 
 from speculant.errors import RequestError
 from speculant.generation import Decode, Generation, Stream, Turns
-from speculant.package.common import groups_of
 from speculant.package.package import Package
 from speculant.session.graphs import decide
 from speculant.session.session import ComponentSession
-from speculant.speculative.auto_k import WidthCosts
 from speculant.speculative.chain_graph import (
     StepComponent,
     bootstrap_component,
@@ -30,18 +28,20 @@ from speculant.speculative.chain_graph import (
     step_component,
 )
 from speculant.speculative.chained import ChainedProposer
+from speculant.speculative.decode import choose_route
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
 from speculant.speculative.proposal import Proposer
+from speculant.speculative.width import WidthPolicy
 from speculant.tensors import HOST
 from speculant.tensors.devices import make_seam, residency_for_device
 from speculant.text.chat import ChatTemplate, load_chat_template
 from speculant.text.tokenizer import tokenizer_for
+from speculant.workflow.cells import StaticPool
 from speculant.workflow.options import GenerationOptions, checked_text, checked_token_ids
 from speculant.workflow.request import Request, admit_request
 from speculant.workflow.sampler import Sampler
 from speculant.workflow.state import DecodeState, StopRules
-from speculant.workflow.static_cells import StaticPool
 from speculant.workflow.stop_text import StopText
 from speculant.workflow.target_pass import TargetPass
 
@@ -79,7 +79,7 @@ class Engine:
         self.seam = make_seam(self.device, ordering=ordering)
         plan, wf = package.plan, package.document.workflow
         graphs = decide(cuda_graphs, self.device, outputs_on_host=outputs_on_host,
-                        has_static_caches=_has_static_caches(package))
+                        has_static_caches=package.plan.static is not None)
         components = {plan.target: (package.model_source(plan.target),
                                     wf.components[plan.target].ports)}
         if plan.proposer is not None and plan.chain is not None:  # its step graph, made once
@@ -120,7 +120,7 @@ class Engine:
                                  outputs_on_host=outputs_on_host, threads=threads,
                                  cuda_graphs=decide(cuda_graphs, self.device,
                                                     outputs_on_host=outputs_on_host,
-                                                    has_static_caches=_has_static_caches(draft)),
+                                                    has_static_caches=bool(draft.plan.static)),
                                  overlap=overlap)
                       if draft is not None else None)
         described = {**self.sessions, **({"draft": self.draft.session} if self.draft else {})}
@@ -140,18 +140,15 @@ class Engine:
         self.tokenizer = tokenizer_for(package)  # with its load-time checks
         self.static_pool = StaticPool()  # static caches and their plans, kept across requests
         self.chat_template: ChatTemplate | None = load_chat_template(package.tokenizer_file)
+        target_session = self.sessions[plan.target]
+        proposing = tuple(s for s in (self.sessions.get(plan.proposer or ""),
+                                      self.draft.session if self.draft else None) if s)
+        for timed in (target_session, *proposing):  # a run's time includes its device work
+            timed.times_to_completion = True
         self.proposer_sources = ProposerSources(
             plan, self.proposer, self.draft, self.vocab_size, self.tokenizer.vocab_size,
-            can_auto_enable=_can_auto_enable(package), costs=WidthCosts())
-        target_session = self.sessions[plan.target]
-        target_session.times_to_completion = True  # a verify's time includes what it waits on
-        target_session.observers.append(self.proposer_sources.costs.verify_observer(
-            target_session.ports.roles))
-        for proposing in (self.sessions.get(plan.proposer or ""),
-                          self.draft.session if self.draft else None):
-            if proposing is not None:  # a proposal's time includes its work on the device
-                proposing.times_to_completion = True
-                proposing.observers.append(self.proposer_sources.costs.proposer_observer())
+            can_auto_enable=_can_auto_enable(package), target_session=target_session,
+            proposing_sessions=proposing)
         self._turns = Turns()
 
     # -- the request-scoped API -----------------------------------------------------------
@@ -217,15 +214,17 @@ class Engine:
               inputs: Mapping[str, np.ndarray] | None, *, with_text: bool) -> Decode:
         turn = self._turns.wait()  # arrival order; held until the decode ends
         try:
-            state, proposer, k = self._admit(prompt, options, inputs, with_text=with_text)
+            state, proposer, policy = self._admit(prompt, options, inputs, with_text=with_text)
         except BaseException:
             turn.release()
             raise
-        return Decode(state, self.target, proposer, k, turn, self.tokenizer)
+        route = choose_route(state, self.target, proposer)
+        state.stats.route = route.reason
+        return Decode(state, self.target, proposer, policy, route, turn, self.tokenizer)
 
     def _admit(self, prompt: Prompt, options: GenerationOptions,
                inputs: Mapping[str, np.ndarray] | None, *, with_text: bool
-               ) -> tuple[DecodeState, Proposer | None, int]:
+               ) -> tuple[DecodeState, Proposer | None, WidthPolicy]:
         options = options.checked()
         if isinstance(prompt, str | bytes | bytearray):
             prompt_ids = tuple(self.tokenizer.encode(checked_text("prompt", prompt)))
@@ -241,8 +240,7 @@ class Engine:
                                  vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
                                  never_materialized=self._fused_values())
         kind, k = admit_proposer(self.proposer_sources, request)
-        proposer = (build_proposer(self.proposer_sources, kind, request, k)
-                    if kind is not None else None)
+        proposer, policy = build_proposer(self.proposer_sources, kind, request, k)
         stop_ids = set(options.stop_token_ids)
         if options.stop_on_eos:
             stop_ids.update(plan.eos_ids)
@@ -265,7 +263,7 @@ class Engine:
         state.stats.proposer = kind.name if kind is not None else None
         state.stats.cuda_graphs = self.cuda_graphs
         state.stats.cpu_pool = self.cpu_pool
-        return state, proposer, k
+        return state, proposer, policy
 
     def _chat_request(self, messages: Messages, options: GenerationOptions
                       ) -> tuple[str, GenerationOptions]:
@@ -290,13 +288,6 @@ class Engine:
             return ()
         value = self.package.plan.proposer_inputs.get(chain.fused_port)
         return (value,) if value else ()
-
-
-def _has_static_caches(package: Package) -> bool:
-    """A state group of ``package`` updates in place (``indexed_scatter``): one shape per
-    pass width, so its passes can be captured."""
-    return any(g.update is not None and g.update.kind == "indexed_scatter"
-               for g in groups_of(package.document.workflow).values())
 
 
 def _can_auto_enable(package: Package) -> bool:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from speculant.errors import RequestError
 from speculant.speculative.decode import decode
 from speculant.speculative.proposal import Proposer
+from speculant.speculative.round import Route
+from speculant.speculative.width import WidthPolicy
 from speculant.workflow.state import DecodeState
 from speculant.workflow.stats import DecodeStats
 from speculant.workflow.target_pass import TargetPass
@@ -85,10 +87,10 @@ class Decode:
     Holds the engine's turn until exhausted or closed."""
 
     def __init__(self, state: DecodeState, target: TargetPass, proposer: Proposer | None,
-                 k: int, turn: Turn, tokenizer) -> None:
+                 policy: WidthPolicy, route: Route, turn: Turn, tokenizer) -> None:
         self.state = state
         self.tokenizer = tokenizer
-        self._tokens: Iterator[int] = decode(state, target, proposer, k)
+        self._tokens: Iterator[int] = decode(state, target, proposer, policy, route)
         self._turn = turn
         self._started = time.perf_counter()
         self._first_at: float | None = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from speculant.engine import Engine
 from speculant.errors import RequestError
-from speculant.speculative.auto_k import AUTO  # the k whose width follows acceptance
+from speculant.speculative.width import AUTO  # the k whose width follows acceptance
 from speculant.speculative.kinds import NAMES
 from speculant.workflow.options import GenerationOptions
 

@@ -237,11 +237,11 @@ def test_a_capturing_session_runs_invoke_eagerly_with_the_same_tokens(tmp_path):
     assert got.stats.residency["graph_captures"] == got.stats.residency["graph_replays"] == 0
 
 
-STATIC_RUNTIME = importlib.util.find_spec("speculant.workflow.static_cells") is not None
+STATIC_RUNTIME = importlib.util.find_spec("speculant.workflow.cells") is not None
 
 
 @pytest.mark.skipif(not STATIC_RUNTIME, reason="needs the static-cache runtime (branch "
-                                                "'static': workflow/static_cells.py)")
+                                                "'static': workflow/cells.py)")
 @pytest.mark.parametrize("k", ["auto", 1, 4])
 def test_the_static_pair_on_cuda_replays_graphs_and_decodes_greedy(static_pair, k):
     appended = speculant.load(static_pair["appended"], device="cuda")
@@ -256,7 +256,7 @@ def test_the_static_pair_on_cuda_replays_graphs_and_decodes_greedy(static_pair, 
 
 
 @pytest.mark.skipif(not STATIC_RUNTIME, reason="needs the static-cache runtime (branch "
-                                                "'static': workflow/static_cells.py)")
+                                                "'static': workflow/cells.py)")
 def test_graph_ids_do_not_grow_with_requests(static_pair):
     """ORT keeps every captured graph for the session's life: plans per width must be made
     once per engine, so a second and third request capture nothing new."""

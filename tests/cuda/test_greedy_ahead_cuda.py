@@ -52,8 +52,8 @@ def delta(before: dict, after: dict) -> dict:
 def test_queued_greedy_passes_decode_greedy_and_read_back_4_bytes_a_token(pairs, greedy,
                                                                           graphs, depth):
     engine = speculant.load(pairs["static"], device="cuda", cuda_graphs=graphs)
-    assert engine.target.ahead == 1  # the device's default
-    engine.target.ahead = depth
+    assert engine.target.queue_depth == 1  # the device's default
+    engine.target.queue_depth = depth
     engine.generate(PROMPT, NEW, stop_on_eos=False)  # plans and graphs
     before = engine.seam.counters.snapshot()
     result = engine.generate(PROMPT, NEW, stop_on_eos=False)

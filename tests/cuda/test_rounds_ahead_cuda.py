@@ -31,11 +31,11 @@ def demo_static(tmp_path_factory):
 @pytest.mark.parametrize("k", [1, 4, 8, "auto"])
 def test_queued_rounds_equal_rounds_one_at_a_time(demo_static, k, graphs, unroll):
     one_at_a_time = speculant.load(demo_static, device="cuda", cuda_graphs=graphs)
-    one_at_a_time.target.ahead = 0
+    one_at_a_time.target.queue_depth = 0
     prompt = one_at_a_time.tokenizer.encode("def fibonacci(n):\n")
     engine = speculant.Engine(one_at_a_time.package, "cuda", cuda_graphs=graphs,
                               unroll_chain=unroll)
-    assert engine.target.ahead == 1  # a device's default
+    assert engine.target.queue_depth == 1  # a device's default
     calls = []
     propose_after = engine.proposer.propose_after
     engine.proposer.propose_after = lambda state, after, cursor, width: (

@@ -29,7 +29,7 @@ import pytest
 import speculant
 from speculant.speculative import chain_graph
 from speculant.speculative.chained import ChainedProposer, read_table
-from speculant.workflow.static_cells import StaticPool
+from speculant.workflow.cells import StaticPool
 from speculant.workflow.target_pass import TargetPass
 
 STRICT = os.environ.get("SPECULANT_REQUIRE_EVIDENCE") == "1"

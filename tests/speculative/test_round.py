@@ -10,6 +10,7 @@ from chain_helpers import PROBE_PROMPT
 
 from speculant.speculative.decode import decode
 from speculant.speculative.round import run_round
+from speculant.speculative.width import FixedWidth
 from speculant.speculative.verify import verify
 from speculant.tensors import TensorSeam, Value
 from speculant.workflow.state import RoundResult
@@ -17,7 +18,7 @@ from speculant.workflow.state import RoundResult
 
 def prefilled(engine, prompt=PROBE_PROMPT, max_new_tokens=20):
     state = engine.admit(list(prompt), max_new_tokens, proposer="chained", k=3)
-    tokens = decode(state, engine.target, engine.proposer, 3)
+    tokens = decode(state, engine.target, engine.proposer, FixedWidth(3))
     first = next(tokens)  # the prefill's token, committed
     return state, first
 

@@ -49,7 +49,7 @@ def test_every_width_is_captured_before_the_first_round(capturing, greedy_tokens
     assert again.stats.residency["graph_captures"] == result.stats.residency["graph_captures"]
 
 
-def test_a_fixed_k_captures_nothing_ahead(capturing):
+def test_a_fixed_k_captures_its_own_width_alone(capturing):
     capturing.generate(PROMPT, NEW, speculative=True, k=1, stop_on_eos=False)
     cells, = capturing.static_pool._cells.values()
     assert sorted(cells.plans) == [1, 2]
@@ -70,6 +70,6 @@ def test_capture_runs_that_skip_writing_the_inputs_are_caught(capturing, greedy_
                 plan.run()  # the defect: this request's start never written
         return list(widths)
 
-    monkeypatch.setattr("speculant.speculative.auto_k.capture_widths", stale)
+    monkeypatch.setattr("speculant.speculative.decode.capture_widths", stale)
     result = capturing.generate(PROMPT, NEW, speculative=True, k="auto", stop_on_eos=False)
     assert result.token_ids != greedy_tokens

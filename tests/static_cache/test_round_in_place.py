@@ -17,7 +17,7 @@ from speculant.speculative.chain_steps import ChainSteps
 from speculant.speculative.verify import greedy_accept
 from speculant.tensors import Value, make_seam
 from speculant.tensors.acceptance import accept_greedy
-from speculant.workflow.static_cells import StaticPool
+from speculant.workflow.cells import StaticPool
 
 PROMPT = [7, 3, 41, 12, 25, 9, 7, 3, 41, 12]
 NEW = 24

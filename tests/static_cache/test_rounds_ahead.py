@@ -21,7 +21,7 @@ NEW = 40
 
 def engine_at(root, depth: int):
     engine = speculant.load(root, threads=1)
-    engine.target.ahead = depth
+    engine.target.queue_depth = depth
     return engine
 
 

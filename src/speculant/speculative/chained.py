@@ -22,11 +22,11 @@ from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
 from speculant.speculative.chain_graph import CARRY, NEXT, TABLE, TOKEN, table_initializer
 from speculant.speculative.chain_steps import ChainSteps
-from speculant.speculative.proposal import Proposal, QueuedRound
+from speculant.speculative.proposal import LaunchedRound, Proposal
 from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
+from speculant.workflow.cells import StaticCells
 from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState
-from speculant.workflow.static_cells import StaticCells
 from speculant.workflow.target_pass import PassResult
 
 
@@ -127,7 +127,7 @@ class ChainedProposer:
         each step's argmax the next step's token there: ``chain_steps.py``) and the round
         verifies them in place; otherwise each draft is read back (4 bytes) as it is made."""
         last, carry_0 = self._chain_context(state)
-        if isinstance(state.cells, StaticCells):
+        if state.cells.is_in_place:
             return self._propose_planned(state, self._planned(state, state.cells, last, carry_0),
                                          k)
         return self._propose_invoked(state, k, last, carry_0)
@@ -210,7 +210,7 @@ class ChainedProposer:
         captured (their runs write only the chain's own buffers, rewritten by the next
         proposal)."""
         cells = state.cells
-        if not isinstance(cells, StaticCells):
+        if not cells.is_in_place:
             return
         last, carry_0 = self._chain_context(state)
         steps = self._planned(state, cells, last, carry_0)
@@ -225,18 +225,18 @@ class ChainedProposer:
                 while plan.awaits_capture:
                     plan.run()
 
-    # -- a round queued behind another (speculative/ahead.py) ------------------------------
-    def queues(self, state: DecodeState) -> bool:
-        return state.sampler is None and isinstance(state.cells, StaticCells) and \
+    # -- a round queued behind another (speculative/round.py) ------------------------------
+    def can_queue(self, state: DecodeState) -> bool:
+        return state.sampler is None and state.cells.is_in_place and \
             self._advances is not None
 
-    def propose_after(self, state: DecodeState, after: QueuedRound | None, cursor: Value,
+    def propose_after(self, state: DecodeState, after: LaunchedRound | None, cursor: Value,
                       k: int) -> Proposal:
         """The drafts of the round queued behind ``after`` (None: behind the state's latest
         round): its chain context written from the host (``after`` None) or advanced where
         the chain runs from ``after``'s acceptance; ``block`` is ``ids[1 : k + 2]``."""
         cells = state.cells
-        assert isinstance(cells, StaticCells)
+        assert cells.is_in_place
         if after is None:
             last, carry_0 = self._chain_context(state)
             steps = self._planned(state, cells, last, carry_0)
@@ -247,13 +247,13 @@ class ChainedProposer:
             drafts=steps.drafts(0))
         return replace(proposal, block=self.seam.owned_rows(steps.ids, 1, k + 1))
 
-    def _advance(self, steps: ChainSteps, after: QueuedRound, cursor: Value) -> None:
+    def _advance(self, steps: ChainSteps, after: LaunchedRound, cursor: Value) -> None:
         """The chain context after ``after``, from its count ``a`` where it was made: ``s``
         = its block's position ``a − 1`` (``ids[a]``), ``p = c_a``, ``carry_0`` = its seed
         row ``a − 1``, the positions its row ``a − 1``, the length ``cursor`` (= C + a)."""
         seam, rows = self.seam, self.seam.owned_rows
         count = rows(after.counted, 0, 1)  # [1] int32: a
-        seed = after.verify.seed  # [1, k + 1, W_C]
+        seed = after.verify_seed  # [1, k + 1, W_C]
         assert seed is not None and self._advances is not None
         with seam.write_batch():
             seam.take_at(rows(steps.ids, 0, 1), steps.ids, 0, count)  # s = ids[a]
@@ -265,9 +265,9 @@ class ChainedProposer:
                 if how == "length":
                     seam.write_arange_from(buffer, cursor, step=0)
                 elif how == "row":
-                    seam.take_at(buffer, after.verify.values[value_name], axis, count, -1)
+                    seam.take_at(buffer, after.verify_values[value_name], axis, count, -1)
                 else:
-                    PassPlan._fill(self.session, port, buffer, after.verify.values[value_name])
+                    PassPlan._fill(self.session, port, buffer, after.verify_values[value_name])
 
     def _unrolled(self, depth: int) -> ComponentSession | None:
         """The session of the chain unrolled ``depth`` steps (None: stepwise). The first

@@ -25,11 +25,11 @@ from speculant.session.session import ComponentSession
 from speculant.speculative.proposal import Proposal
 from speculant.tensors import TensorSeam, Value
 from speculant.text.tokenizer import load_tokenizer
+from speculant.workflow.cells import StaticPool
 from speculant.workflow.options import GenerationOptions
 from speculant.workflow.request import Admitted, Request, admit_request
 from speculant.workflow.sampler import choose
-from speculant.workflow.state import DecodeState, roll_back, set_control, start_cells
-from speculant.workflow.static_cells import StaticPool
+from speculant.workflow.state import DecodeState, set_control, start_cells
 from speculant.workflow.target_pass import TargetPass
 
 
@@ -139,8 +139,9 @@ class DraftModelProposer:
         """Keep the first ``length`` consumed positions (the draft's own rollback); returns
         the bytes it moved."""
         if length < len(self.tokens):
-            self.cells, moved = roll_back(self.model.seam, self.model.package.plan, self.cells,
-                                          length)  # static caches: D = length, no byte moves
+            # static caches: D = length, no byte moves
+            self.cells, moved = self.cells.roll_back(self.model.seam, self.model.package.plan,
+                                                     length)
             del self.tokens[length:]
             return moved
         return 0

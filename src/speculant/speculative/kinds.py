@@ -16,7 +16,7 @@ switches on a kind's name.
 
 ``k``: an int is a fixed width (within the bound); None is the kind's default width, fixed;
 ``"auto"`` (the default of :class:`~speculant.workflow.options.GenerationOptions`) is the
-width controller of ``speculative/auto_k.py``, choosing each round's width in ``1 … the
+measured width policy of ``speculative/width.py``, choosing each round's width in ``0 … the
 kind's default`` from the engine's measured costs (:attr:`ProposerSources.costs`).
 """
 
@@ -27,12 +27,13 @@ from typing import Protocol
 
 from speculant.errors import RequestError
 from speculant.package.plan import LoadPlan
-from speculant.speculative.auto_k import AUTO as AUTO_K
-from speculant.speculative.auto_k import AutoWidthProposer, WidthController, WidthCosts
+from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.prompt_lookup import PromptLookupProposer
 from speculant.speculative.proposal import Proposer
+from speculant.speculative.width import AUTO as AUTO_K
+from speculant.speculative.width import FixedWidth, MeasuredWidth, WidthCosts, WidthPolicy
 from speculant.workflow.request import Request
 
 AUTO = "auto"
@@ -49,6 +50,8 @@ class ProposerSources:
     tokenizer_vocab: int | None
     can_auto_enable: bool  # the package's auto-enable rule holds
     costs: WidthCosts = field(default_factory=WidthCosts)  # measured, for k="auto"
+    target_session: ComponentSession | None = None  # observed while k="auto" decodes
+    proposing_sessions: tuple[ComponentSession, ...] = ()  # the proposers' sessions, alike
 
 
 @dataclass(frozen=True)
@@ -185,11 +188,14 @@ def admit_proposer(sources: ProposerSources, request: Request) -> tuple[Proposer
     return kind, k
 
 
-def build_proposer(sources: ProposerSources, kind: ProposerKind, request: Request,
-                   k: int) -> Proposer:
-    """The admitted kind's proposer for ``request``; with ``k="auto"`` wrapped in the width
-    controller (``k`` then being the widest it may choose)."""
+def build_proposer(sources: ProposerSources, kind: ProposerKind | None, request: Request,
+                   k: int) -> tuple[Proposer | None, WidthPolicy]:
+    """The admitted kind's proposer for ``request`` and its width policy: ``k`` fixed, or
+    with ``k="auto"`` measured (``k`` then being the widest it may choose)."""
+    if kind is None:
+        return None, FixedWidth(0)
     proposer = kind.build(sources, request, k)
     if request.options.k != AUTO_K:
-        return proposer
-    return AutoWidthProposer(proposer, kind.name, WidthController(k), sources.costs)
+        return proposer, FixedWidth(k)
+    return proposer, MeasuredWidth(k, kind.name, sources.costs, sources.target_session,
+                                   sources.proposing_sessions)

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from speculant.tensors import Value
-from speculant.workflow.state import DecodeState
-from speculant.workflow.target_pass import PassResult
+from speculant.workflow.state import DecodeState, RoundResult
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,9 @@ class Proposal:
         return len(self.tokens) if self.drafts is None else self.drafts.size
 
 
+NO_DRAFTS = Proposal()
+
+
 class Proposer(Protocol):
     """Proposes drafts; never touches the target's caches or the stream (only the decode
     state does). May propose fewer than ``k`` drafts, or none (the round is a greedy step)."""
@@ -47,29 +49,31 @@ class Proposer(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class QueuedRound:
-    """A round queued on the device and not read yet (speculative/ahead.py): what the round
-    queued behind it starts from."""
+HOST_ROUNDS, STEPS, QUEUED_ROUNDS = "host", "step", "queued"  # how a round is launched
 
+
+@dataclass(frozen=True)
+class LaunchedRound:
+    """A round whose target pass is queued; :attr:`read` returns what it did."""
+
+    how: str  # HOST_ROUNDS, STEPS or QUEUED_ROUNDS
     k: int  # drafts it verifies
-    verify: PassResult  # its target pass (``start`` and ``tokens`` known once it is read)
-    counted: Value  # [k + 2] int32 where the target ran: a, then c_1 … c_{k+1}
-    read: Callable[[], list[int]]  # reads ``counted`` back (4 (k + 2) bytes)
-    num_proposer_invocations: int = 0
-    num_proposer_rows: int = 0
-    is_queued: bool = False  # queued behind a round not read yet (the first is not)
+    read: Callable[[], RoundResult]  # reads its outcome back (waits for its pass alone)
+    verify_seed: Value | None = None  # [1, k + 1, W_C] its pass's seed (queued rounds)
+    verify_values: dict[str, Value] | None = None  # its pass's values (queued rounds)
+    counted: Value | None = None  # [k + 2] int32 a, c_1 … c_{k+1}, where it ran (queued)
+    choice: Value | None = None  # [1] int32 a step's argmax, where it ran
 
 
 class QueuingProposer(Proposer, Protocol):
     """A proposer whose rounds can be queued behind one another on the device."""
 
-    def queues(self, state: DecodeState) -> bool:
+    def can_queue(self, state: DecodeState) -> bool:
         """Whether this decode's rounds can be queued (greedy, static caches, every input
         of the proposer advanced where it runs)."""
         ...
 
-    def propose_after(self, state: DecodeState, after: QueuedRound | None, cursor: Value,
+    def propose_after(self, state: DecodeState, after: LaunchedRound | None, cursor: Value,
                       k: int) -> Proposal:
         """``k`` drafts (``k`` may be 0) for the round queued behind ``after``, whose start
         is ``cursor`` [1] int32 (``after`` None: behind the state's latest round, read),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,9 +11,9 @@ from speculant.errors import AdmissionError
 from speculant.package.package import Package
 from speculant.package.plan import CellPlan, LoadPlan
 from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value
+from speculant.workflow.cells import AppendedCells, StaticCells, StaticPool, request_capacity
 from speculant.workflow.request import Admitted
 from speculant.workflow.sampler import Sampler
-from speculant.workflow.static_cells import StaticCells, StaticPool, request_capacity
 from speculant.workflow.stats import DecodeStats
 from speculant.workflow.stop_text import StopText
 from speculant.workflow.target_pass import PassResult
@@ -61,16 +61,17 @@ def cell_shape(package: Package, cell: CellPlan, sequence_extent: int) -> list[i
     return shape
 
 
-def empty_cells(package: Package) -> dict[str, Value]:
+def empty_cells(package: Package) -> AppendedCells:
     """Each cell as an empty host tensor (appended caches: extent 0 on the sequence axis)."""
-    return {name: Value.host(np.zeros(cell_shape(package, cell, 0),
-                                      NUMPY_DTYPES[cell.contract.dtype]), cell.contract.dtype)
-            for name, cell in package.plan.cells.items()}
+    return AppendedCells({name: Value.host(np.zeros(cell_shape(package, cell, 0),
+                                                    NUMPY_DTYPES[cell.contract.dtype]),
+                                           cell.contract.dtype)
+                          for name, cell in package.plan.cells.items()})
 
 
 def start_cells(seam: TensorSeam, package: Package, *, num_prompt: int, max_new_tokens: int,
                 k: int, residency: str = HOST, what: str = "request",
-                pool: StaticPool | None = None) -> dict[str, Value]:
+                pool: StaticPool | None = None) -> AppendedCells | StaticCells:
     """A request's caches before its prefill: empty cells (appended), or the static buffers
     of the request's capacity in ``residency`` (:mod:`static_cells`): from ``pool`` (the
     engine's, reused with their pass plans) or, without one, allocated for this request."""
@@ -85,32 +86,6 @@ def start_cells(seam: TensorSeam, package: Package, *, num_prompt: int, max_new_
     if pool is None:
         return StaticCells(allocate(capacity), capacity)
     return pool.take(residency, capacity, package.plan.static.capacity, allocate)
-
-
-def roll_back(seam: TensorSeam, plan: LoadPlan, cells: dict[str, Value], length: int
-              ) -> tuple[dict[str, Value], int]:
-    """Rollback to ``length`` consumed positions, and the bytes it moved: static caches keep
-    their buffers (the length is the caller's ``C``: zero bytes); appended caches are cut by
-    :func:`truncate_cells` (a copy wherever the cut is strided, counted)."""
-    if isinstance(cells, StaticCells):
-        return cells, 0
-    kept = truncate_cells(seam, plan, cells, length)
-    moved = sum(kept[name].nbytes for name in plan.rollback_state
-                if kept[name] is not cells[name] and kept[name].owner is not cells[name])
-    return kept, moved
-
-
-def truncate_cells(seam: TensorSeam, plan: LoadPlan, cells: Mapping[str, Value],
-                   length: int) -> dict[str, Value]:
-    """Rollback, the one mechanism: ``cells`` with every ``rollback_state`` cell cut to its
-    first ``length`` positions on its group's sequence axis (a view for a contiguous prefix,
-    a copy where it is strided), every copy in one write batch. The target's state
-    (:meth:`DecodeState.advance`) and a draft model's own state both roll back through it."""
-    kept = dict(cells)
-    with seam.write_batch():  # every truncation copy, then one fence at most
-        for name in plan.rollback_state:
-            kept[name] = seam.truncate_axis(cells[name], plan.cells[name].sequence_axis, length)
-    return kept
 
 
 def set_control(controls: dict[str, Value], control: str, number: int | bool) -> None:
@@ -149,7 +124,7 @@ class DecodeState:
     admitted: Admitted
     tokens: list[int]  # the stream x[0..L): prompt, then committed tokens
     prompt_len: int  # P
-    cells: dict[str, Value]  # cell -> current value [1, ..., C, ...] on its sequence axis
+    cells: AppendedCells | StaticCells  # cell -> [1, ..., C or capacity, ...] (workflow/cells.py)
     controls: dict[str, Value] = field(default_factory=dict)  # serving control -> current value
     consumed: int = 0  # C
     latest: PassResult | None = None
@@ -181,7 +156,7 @@ class DecodeState:
         ``C = start + num_kept``; ``tokens`` is the stream ``x[0..C]``, pending token last."""
         stream = [int(t) for t in tokens]
         consumed = pass_result.start + num_kept
-        cells, _ = roll_back(seam, plan, pass_result.presents, consumed)
+        cells, _ = pass_result.presents.roll_back(seam, plan, consumed)
         return cls(seam, plan, rules or StopRules(1, frozenset(), None), admitted, stream,
                    len(stream), cells, dict(admitted.initial_controls), consumed=consumed,
                    latest=pass_result, num_kept=num_kept)
@@ -205,13 +180,17 @@ class DecodeState:
         return not ((active is not None and not bool(active.data.reshape(-1)[0])) or
                     (done is not None and bool(done.data.reshape(-1)[0])))
 
-    def capped_width(self, k: int, ahead: int = 0) -> int:
-        """k_r = min(k, R − 1, M − L − 1) ; k is already <= the bound. ``ahead``: tokens
-        rounds queued before this one may commit first (speculative/ahead.py)."""
-        width = min(k, self.rules.max_new_tokens - self.num_generated - ahead - 1)
+    def room(self, ahead: int = 0) -> int:
+        """Tokens the decode may still commit (R − N, and M − L under a context cap), less
+        ``ahead``: those rounds launched and not read yet may commit first."""
+        room = self.rules.max_new_tokens - self.num_generated - ahead
         if self.rules.context_cap is not None:
-            width = min(width, self.rules.context_cap - len(self.tokens) - ahead - 1)
-        return max(width, 0)
+            room = min(room, self.rules.context_cap - len(self.tokens) - ahead)
+        return room
+
+    def capped_width(self, k: int, ahead: int = 0) -> int:
+        """k_r = min(k, R − 1, M − L − 1) ; k is already <= the bound."""
+        return max(min(k, self.room(ahead) - 1), 0)
 
     # -- the two places a decode's counters and stream change ------------------------------
     def record_prefill(self, pass_result: PassResult, first: int) -> list[int]:
@@ -271,14 +250,10 @@ class DecodeState:
         ``C ← C0 + num_kept`` alone (``stats.rollback_bytes_moved`` stays 0).
         """
         new_consumed = pass_result.start + num_kept
+        self.cells = pass_result.presents
         if num_kept < len(pass_result.tokens):
-            self.cells, moved = roll_back(self.seam, self.plan, pass_result.presents,
-                                          new_consumed)
+            self.cells, moved = self.cells.roll_back(self.seam, self.plan, new_consumed)
             self.stats.rollback_bytes_moved += moved
-        elif isinstance(pass_result.presents, StaticCells):
-            self.cells = pass_result.presents  # the buffers themselves
-        else:
-            self.cells = dict(pass_result.presents)
         self.consumed = new_consumed  # static caches: L = C + a, nothing else
         self.latest, self.num_kept = pass_result, num_kept
         set_control(self.controls, "accepted_len", num_kept)

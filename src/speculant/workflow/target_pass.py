@@ -20,18 +20,21 @@ from speculant.session.contracts import SymbolTable
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
 from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value
+from speculant.workflow.cells import AppendedCells, StaticCells
 from speculant.workflow.request import Admitted, literal_value
-from speculant.workflow.static_cells import StaticCells
 
 
-@dataclass
+@dataclass(frozen=True)
 class PassResult:
+    """One pass, as the round reads it: built once the tokens it consumed are known (a pass
+    queued on a device is rebuilt with them when it is read)."""
+
     start: int  # C0: the consumed count the pass started from
     tokens: tuple[int, ...]  # the n tokens it consumed
     values: dict[str, Value]  # every workflow value of the pass: bound inputs and outputs
     logits: Value  # [1, n, V] target scores, where the target executes
     seed: Value | None  # [1, n, W_C] the folded-carry seed output (chained packages)
-    presents: dict[str, Value]  # cell -> owner output, extent C0 + n on its sequence axis
+    presents: AppendedCells | StaticCells  # cell -> owner output (extent C0 + n) or buffer
 
     @property
     def end(self) -> int:
@@ -158,9 +161,9 @@ class TargetPass:
         port_of = {name: port for port, name in plan.target_inputs.items()}
         self.control_ports = {control: port_of[name] for control, name in plan.serving.items()
                               if name in port_of}
-        # greedy passes queued beyond the one the host reads (speculative/decode.py's
-        # greedy_ahead): one where the target runs on a device, none on the host
-        self.ahead = int(session.device != HOST)
+        # rounds a decode may launch beyond the one the host reads (speculative/round.py):
+        # one where the target runs on a device, none on the host
+        self.queue_depth = int(session.device != HOST)
         self.logits_port = plan.port_by_role.get("logits", "logits")
         self.seed_port = plan.chain.seed_output if plan.chain else None
 
@@ -187,7 +190,7 @@ class TargetPass:
         """The target invoke's inputs by port, from the bound workflow values."""
         return {port: values[name] for port, name in self.plan.target_inputs.items()}
 
-    def run(self, tokens: Sequence[int], start: int, cells: Mapping[str, Value],
+    def run(self, tokens: Sequence[int], start: int, cells: AppendedCells | StaticCells,
             admitted: Admitted, controls: Mapping[str, Value], *,
             drafts: Value | None = None, at: Value | None = None) -> PassResult:
         """One pass over ``tokens`` from position ``start`` with the caches ``cells`` and the
@@ -196,7 +199,7 @@ class TargetPass:
         may end with ``drafts`` [k] int32 where the proposer made them (never read back: the
         pass's ``tokens`` then hold :data:`UNREAD` at their positions), and ``at`` [1] int32
         may give C0 where the pass runs (``start`` then bounds it: the capacity check)."""
-        if isinstance(cells, StaticCells):
+        if cells.is_in_place:
             return run_static(self, tokens, start, cells, admitted, controls, drafts, at)
         if drafts is not None or at is not None:
             raise ContractError("drafts kept on their device need static caches (a pass over "
@@ -211,7 +214,7 @@ class TargetPass:
             symbols.check(f"output '{output_name}'", self.outputs_spec[output_name].contract,
                           values[value_name])
 
-        presents = {}
+        presents = AppendedCells()
         for cell in self.plan.cells.values():
             present = produced[cell.owner_output]
             if present.shape[cell.sequence_axis] != start + n:

@@ -1,5 +1,5 @@
-"""k="auto": the width controller on literal acceptance and cost numbers, and every proposer
-decoding exactly greedy's tokens with it."""
+"""Width policies: k="auto"'s controller on literal acceptance and cost numbers, every
+proposer decoding exactly greedy's tokens with it, and a fixed k that observes nothing."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import speculant
 from builders import encode
 from builders.writers import write_chained_package, write_decoder_package
 from speculant.session.session import Invocation
-from speculant.speculative.auto_k import (
+from speculant.speculative.width import (
     MAX_PROBE_EVERY,
     PROBE_EVERY,
     STRETCH,
     UNSETTLED_MAX,
-    AutoWidthProposer,
+    FixedWidth,
+    MeasuredWidth,
     WidthController,
     WidthCosts,
     WidthTable,
@@ -327,33 +328,25 @@ def test_settling_stops_at_the_first_pass_still_running():
     assert costs.verify_total == 1.0 and asked == [0, 1, 2, 3] and not costs.unsettled
 
 
-class FirstCallSlow:
-    """A proposer whose first proposal at each width makes something (a plan, a session)."""
+def measured(max_k: int, costs: WidthCosts) -> MeasuredWidth:
+    from types import SimpleNamespace
 
-    def __init__(self) -> None:
-        self.made: set[int] = set()
-
-    def propose(self, state, k):
-        import time
-
-        from speculant.speculative.proposal import Proposal
-        if k not in self.made:
-            self.made.add(k)
-            time.sleep(0.05)
-        return Proposal(tokens=[1] * k)
+    target = SimpleNamespace(observers=[], ports=SimpleNamespace(roles={}))
+    return MeasuredWidth(max_k, "chained", costs, target)
 
 
 def test_a_widths_first_proposal_in_a_request_is_not_timed():
     """The first proposal at a width may make that width's plan or unrolled session (once):
     timed, it would price the width out for good (never chosen, never measured again)."""
-    from types import SimpleNamespace
-
     costs = WidthCosts()
-    auto = AutoWidthProposer(FirstCallSlow(), "chained", WidthController(max_k=4), costs)
-    state = SimpleNamespace(stats=SimpleNamespace(trace=[]))
+    policy = measured(4, costs)
+    made: set[int] = set()
     for _ in range(4):
-        auto.propose(state, 4)
-    widths = set(auto.chosen)
+        k = policy.width(None, 4)
+        policy.proposed(k, 0.001 if k in made else 0.05)  # the first at a width is slow
+        made.add(k)
+    costs.settle_proposals()
+    widths = set(policy.chosen)
     assert widths and all(0 < seconds < 0.05 for seconds in costs.propose["chained"].seconds
                           .values())
     assert set(costs.propose["chained"].seconds) <= widths
@@ -362,13 +355,10 @@ def test_a_widths_first_proposal_in_a_request_is_not_timed():
 def test_a_greedy_steps_empty_proposal_is_not_timed():
     """t_propose(0) is 0 by definition: a greedy step's empty proposal timed at width 0 put
     a point at 0 under the proposer's fitted line (and refitted it every greedy step)."""
-    from types import SimpleNamespace
-
     costs = WidthCosts()
-    auto = AutoWidthProposer(FirstCallSlow(), "chained", WidthController(max_k=2), costs)
-    state = SimpleNamespace(stats=SimpleNamespace(trace=[]))
+    policy = measured(2, costs)
     for k in (0, 0, 2, 2, 0):
-        auto._timed(lambda k=k: auto.inner.propose(state, k), measured=True)
+        policy.proposed(k, 0.001)
     costs.settle_proposals()
     assert set(costs.propose["chained"].seconds) == {2}
     returned = costs.propose_seconds("chained", 2)
@@ -404,18 +394,19 @@ def test_k_auto_decodes_exactly_greedy_for_every_proposer(engines, proposer):
     assert proposer in engine.proposer_sources.costs.propose
 
 
-def test_k_auto_wraps_the_kinds_proposer_and_a_fixed_k_does_not(engines):
+def test_k_auto_is_a_measured_policy_and_a_fixed_k_the_null_one(engines):
     chained, _ = engines
     def admitted(**fields):
         return chained._admit(encode("def "), GenerationOptions.of(8, speculative=True,
                                                                    **fields),
                               None, with_text=False)
 
-    _, auto, widest = admitted()
-    assert isinstance(auto, AutoWidthProposer) and auto.controller.max_k == widest
-    assert widest == chained.package.document.speculative.max_proposal_width
-    _, fixed, k = admitted(k=2)
-    assert not isinstance(fixed, AutoWidthProposer) and k == 2
+    _, proposer, auto = admitted()
+    widest = chained.package.document.speculative.max_proposal_width
+    assert isinstance(auto, MeasuredWidth) and auto.controller.max_k == widest
+    assert list(auto.widths) == list(range(widest + 1))
+    _, same, fixed = admitted(k=2)
+    assert isinstance(fixed, FixedWidth) and list(fixed.widths) == [2] and same is proposer
 
 
 def test_a_proposal_queued_on_a_device_is_priced_by_its_work_not_its_launch():
@@ -437,11 +428,16 @@ def test_a_proposal_queued_on_a_device_is_priced_by_its_work_not_its_launch():
                                lambda k=k: 0.004 * (k + 1), lambda: done["flag"]))
             return Proposal(tokens=[1] * k)
 
-    auto = AutoWidthProposer(Queued(), "chained", WidthController(max_k=4), costs)
-    state = SimpleNamespace(stats=SimpleNamespace(trace=[]))
-    auto.propose(state, 4)  # its width's first proposal: not a measurement
-    k = auto.chosen[-1]
-    auto.propose(state, 4)  # running: not folded in yet
+    policy = measured(4, costs)
+
+    def round_(state=None):
+        k = policy.width(state, 4)
+        proposal = Queued().propose(state, k)
+        policy.proposed(proposal.k, 0.0)
+        return k
+
+    round_()  # its width's first proposal: not a measurement
+    k = round_()  # running: not folded in yet
     assert len(costs.unsettled_proposals) == 2 and "chained" not in costs.propose
     done["flag"] = True
     assert costs.propose_seconds("chained", 4)[k] == pytest.approx(0.004 * (k + 1))
@@ -449,26 +445,28 @@ def test_a_proposal_queued_on_a_device_is_priced_by_its_work_not_its_launch():
     assert costs.settle_proposals() == pytest.approx(2 * 0.004 * (k + 1), rel=0.05)
 
 
-def test_the_engine_observes_its_proposers_work():
-    """The chained drafter's sessions and the draft model's report to the costs, timed to
-    completion; with a fixed k nothing takes the runs, and only the latest are kept."""
+def test_only_a_measured_decode_observes_the_sessions():
+    """A fixed k attaches no observer (nothing timed, nothing kept); k="auto" observes the
+    target's passes and the proposer's runs (the chained drafter's, the draft model's) while
+    it decodes, and leaves the sessions as they were."""
     import tempfile
     from pathlib import Path
 
     root = Path(tempfile.mkdtemp())
     engine = speculant.load(write_chained_package(root / "pair"))
     step = engine.sessions[engine.package.plan.proposer]
+    target = engine.sessions[engine.package.plan.target]
     costs = engine.proposer_sources.costs
-    assert step.times_to_completion and any(
-        getattr(o, "__qualname__", "").startswith("WidthCosts.proposer_observer")
-        for o in step.observers)
-    for _ in range(3):
-        engine.generate(encode("def fib(n):\n    return "), 40, proposer="chained", k=4,
-                        stop_on_eos=False)
-    assert 0 < len(costs.proposer_runs) <= UNSETTLED_MAX
+    assert step.times_to_completion and target.times_to_completion
+    prompt = encode("def fib(n):\n    return ")
+    engine.generate(prompt, 40, proposer="chained", k=4, stop_on_eos=False)
+    assert not step.observers and not target.observers
+    assert not costs.proposer_runs and not costs.verify.seconds
+    engine.generate(prompt, 40, proposer="chained", k="auto", stop_on_eos=False)
+    assert costs.verify.seconds and costs.propose["chained"].seconds
+    assert not step.observers and not target.observers  # detached at the end
     draft = speculant.load(write_decoder_package(root / "decoder"),
                            draft=write_decoder_package(root / "draft"))
     assert draft.draft.session.times_to_completion
-    draft.generate(encode("def fib(n):\n    return "), 12, proposer="draft", k="auto",
-                   stop_on_eos=False)
+    draft.generate(prompt, 12, proposer="draft", k="auto", stop_on_eos=False)
     assert draft.proposer_sources.costs.propose["draft"].seconds

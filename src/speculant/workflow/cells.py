@@ -1,6 +1,9 @@
-"""A request's static caches: one buffer per cell, allocated once, written in place.
+"""A decode's caches, the one owner of their two kinds: how each holds positions and rolls back.
 
-For a package whose caches are fixed-capacity (``LoadPlan.static``,
+* :class:`AppendedCells`: each cell grows by the pass's block (the owner's present, extent
+  ``C0 + n``); rollback cuts it to ``C`` (:func:`truncate_cells`: a view for a contiguous
+  prefix, a counted copy where it is strided).
+* :class:`StaticCells`: for a package whose caches are fixed-capacity (``LoadPlan.static``,
 docs/design/static-cache.md) the decode state holds a :class:`StaticCells` instead of the
 appended form's growing cells: each cell is one buffer ``[1, KV, capacity, d]`` in the
 target's residency, whose slots ``[0, L)`` are valid, ``L`` being the consumed count. A pass
@@ -11,18 +14,52 @@ block width, `session/plan.py`) live here too, since they bind these buffers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from speculant.errors import RequestError
 from speculant.package.plan import LoadPlan
 from speculant.session.plan import PassPlan
-from speculant.tensors import Value
+from speculant.tensors import TensorSeam, Value
+
+
+def truncate_cells(seam: TensorSeam, plan: LoadPlan, cells: Mapping[str, Value],
+                   length: int) -> AppendedCells:
+    """Rollback, the one mechanism of appended caches: ``cells`` with every ``rollback_state``
+    cell cut to its first ``length`` positions on its group's sequence axis (a view for a
+    contiguous prefix, a copy where it is strided), every copy in one write batch. The
+    target's state and a draft model's own state both roll back through it."""
+    kept = AppendedCells(cells)
+    with seam.write_batch():  # every truncation copy, then one fence at most
+        for name in plan.rollback_state:
+            kept[name] = seam.truncate_axis(cells[name], plan.cells[name].sequence_axis, length)
+    return kept
+
+
+class AppendedCells(dict[str, Value]):
+    """cell -> its value ``[1, ..., C, ...]``, replaced by the owner's present every pass."""
+
+    is_in_place = False  # a pass returns new, longer values; no pass plans
+
+    def roll_back(self, seam: TensorSeam, plan: LoadPlan, length: int
+                  ) -> tuple[AppendedCells, int]:
+        """These caches cut to ``length`` positions, and the bytes the cut copied."""
+        kept = truncate_cells(seam, plan, self, length)
+        moved = sum(kept[name].nbytes for name in plan.rollback_state
+                    if kept[name] is not self[name] and kept[name].owner is not self[name])
+        return kept, moved
 
 
 class StaticCells(dict[str, Value]):
     """cell -> its buffer ``[1, ..., capacity, ...]`` (fixed for the request's life), with the
     capacity and the pass plans that bind the buffers, by block width."""
+
+    is_in_place = True  # a pass writes its block into the buffers through a plan of its width
+
+    def roll_back(self, seam: TensorSeam, plan: LoadPlan, length: int
+                  ) -> tuple[StaticCells, int]:
+        """The same buffers: the length ``C`` (the state's) is the rollback, zero bytes."""
+        return self, 0
 
     def __init__(self, buffers: dict[str, Value], capacity: int) -> None:
         super().__init__(buffers)

@@ -1,90 +1,27 @@
-"""k that picks itself (issue 12 item 5): ``k="auto"`` chooses each round's width from what
-the runtime measures.
+"""How wide each round drafts: a :class:`WidthPolicy`, passed to the decode beside the proposer.
 
-**The rule.** Before each proposal, for every width ``k`` in ``0 … K`` (``K`` = the kind's
-default k, within its bound), with the measured
-
-* ``p_i``: acceptance of the draft at block position ``i`` *given* the drafts before it were
-  accepted (an exponential moving average per position, weight
-  :data:`ACCEPTANCE_SMOOTHING` per round that reached the position, starting at
-  :data:`PRIOR_ACCEPTANCE`);
-* ``t_propose(k)``: seconds this proposer kind takes to propose ``k`` drafts: the wall clock
-  around its ``propose``, or its runs' time where that is longer (the proposer's sessions
-  are observed like the target's: a drafter chain queued on the device returns in its launch
-  time, and its work is timed by marks on the stream, asked once finished); a chained
-  drafter's bootstrap step makes it ``t_0 + k · t_step`` rather than ``k · t_draft``;
-  ``t_propose(0) = 0``;
-* ``t_verify(n)``: seconds of a target pass over ``n`` tokens (the target session's observer,
-  so every run through ``invoke`` or a ``PassPlan`` counts);
-
-each a moving average per width (:class:`WidthTable`; a width not measured yet is read off
-the least-squares line through the measured widths, their mean where the line falls; never
-below the cheapest measured, but below the narrowest measured width between its cost in
-proportion to the tokens and its cost (priced as dear as it, narrower widths were never
-tried: cold, SmolLM2's CPU pair stayed at k = 6); while one width is measured, flat for a
-verify and in proportion to the drafts for a proposal (flat, a proposer first timed at its
-widest width looked as dear at every width: SmolLM2's CPU chain stayed at k = 8);
-:data:`UNMEASURED_SECONDS` for a verify and 0 for a proposal while none is); and
-
-* ``t_round``: the seconds a round spends outside both (acceptance, read-back, rollback,
-  commit, the bookkeeping: the wall clock from one proposal to the next, less the proposal
-  (its work past its host time included) and the verify pass between them; a moving
-  average, 0 until measured, an interval over :data:`STALL_SECONDS` not counted: a consumer
-  that paused). It is paid once per round
-  whatever the width — on the H200 it was larger than the verify pass itself — so leaving it
-  out makes short widths look cheaper than they are. A greedy step's is its own
-  (``t_round(0)``; the others' until measured): on 2 CPU cores 0.08 ms against a chained
-  round's 0.2, and one figure for both made drafting look worth it where greedy won;
-
-the round runs at the ``k`` that maximizes the expected committed tokens per second
-
-    rate(k) = E[a | k] / (t_propose(k) + t_verify(k + 1) + t_round(k)),
-    E[a | k] = 1 + Σ_{j≤k} Π_{i≤j} p_i
-
-(``a``: tokens committed by the round, the correction or bonus included; ties go to the
-smaller k). ``k = 0`` is a greedy step (drafting does not pay); after
-:func:`probe_interval` greedy steps in a row (:data:`PROBE_EVERY`, more where a probe is dear
-against a greedy step) the controller proposes one draft again. Until then its acceptance
-cannot move, so the steps after a greedy choice run on the greedy path (speculative/ahead.py:
-no proposal, no host argmax), up to :data:`STRETCH` before the rule is asked again (the costs
-drift): as rounds they cost a quarter more than a greedy step on the CPU demo pair, where
-95 % of k=auto's passes are greedy steps. After a round that
-accepted every draft the next goes one position further (at most the bound), so the
-acceptance it reads stays measured: a position the rule never reaches is never observed, and
-its prior alone had kept SmolLM2's chain at k = 1 for whole requests. :func:`best_k` is that
-rule as a pure function of its numbers: deterministic given them. The round is still exact:
-the controller changes only the width, and every width is verified by the target (greedy
-output stays bit for bit greedy; sampling stays distributed as the target's, though with
-measured costs the draws depend on the widths chosen: fix ``k`` for draw-for-draw
-reproducible sampling).
-
-The anchors: Hugging Face transformers' ``num_assistant_tokens_schedule="heuristic"`` (+2
-drafts after a full accept, −1 otherwise) adapts on acceptance alone; SGLang serves fixed
-tiers (``speculative_num_steps``, ``speculative_num_draft_tokens``) chosen offline. This rule
-uses both the acceptance and the measured cost of each width, online.
+:class:`FixedWidth` (a fixed ``k``: the null object) and :class:`MeasuredWidth` (``k="auto"``:
+the width with the most expected committed tokens per second, from the acceptance by position
+and the measured cost of each width). The rule, its terms and why each is there:
+docs/design/width.md. Every width is verified by the target, so no policy changes greedy
+output.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
-from speculant.session.session import Invocation, Observer
-from speculant.speculative.proposal import Proposal, Proposer, QueuedRound
-from speculant.tensors import Value
-from speculant.workflow.state import DecodeState
-from speculant.workflow.static_cells import StaticCells
-from speculant.workflow.target_pass import TargetPass, capture_widths
+from speculant.session.session import ComponentSession, Invocation, Observer
+from speculant.workflow.state import DecodeState, RoundResult
 
 AUTO = "auto"
 SMOOTHING = 0.3  # weight of one new observation in a time's moving average
-# ... and in an acceptance's: lower, as a short run of rejections is common and passes (on the
-# H200 at 0.3, k=auto took a greedy step in 15-25 % of the realistic ~1B's passes, where the
-# first draft is accepted 59 % of the time, and was 10 % slower than k=4);
-# scripts/auto_k_sim.py replays the rule on acceptance with such runs
-ACCEPTANCE_SMOOTHING = 0.15
+ACCEPTANCE_SMOOTHING = 0.15  # ... and in an acceptance's (a short run of rejections passes)
 SPIKE = 2.0  # a time over this multiple of its estimate is clipped to it
 PRIOR_ACCEPTANCE = 0.6  # p_i before any round reached position i
 UNMEASURED_SECONDS = 1.0  # t_verify while no pass was measured (flat: widths look free)
@@ -125,8 +62,7 @@ def best_k(acceptance: Sequence[float], propose_seconds: Sequence[float],
 def probe_interval(propose_seconds: Sequence[float], verify_seconds: Sequence[float],
                    round_seconds: float, greedy_round_seconds: float | None) -> int:
     """Greedy steps in a row before a probe: as many as keep what a one-draft round costs
-    beyond a greedy step under :data:`PROBE_SHARE` of them (on 2 CPU cores the demo pair's
-    probes every 8 steps, with the rounds they led to, kept k=auto at 0.7× greedy)."""
+    beyond a greedy step under :data:`PROBE_SHARE` of them."""
     greedy_round = round_seconds if greedy_round_seconds is None else greedy_round_seconds
     greedy = verify_seconds[0] + greedy_round
     beyond = propose_seconds[1] + verify_seconds[1] + round_seconds - greedy
@@ -163,7 +99,8 @@ class WidthTable:
         self._answers.clear()
 
     def at(self, widths: range, unmeasured: float) -> list[float]:
-        """Seconds at each of ``widths``: measured, else the fitted line (see the module)."""
+        """Seconds at each of ``widths``: measured, else read off the line through the measured
+        widths (docs/design/width.md)."""
         if (answer := self._answers.get((widths, unmeasured))) is None:
             answer = self._answers[widths, unmeasured] = tuple(self._fit(widths, unmeasured))
         return list(answer)
@@ -303,7 +240,7 @@ class WidthCosts:
 
 @dataclass
 class WidthController:
-    """One request's acceptance by position and its choice of k (see the module)."""
+    """One request's acceptance by position and its choice of k (docs/design/width.md)."""
 
     max_k: int
     acceptance: list[float] = field(default_factory=list)
@@ -351,97 +288,136 @@ class WidthController:
         return steps
 
 
-class AutoWidthProposer:
-    """A proposer at the width the controller picks each round (never above the round's
-    cap; 0: no drafts, the round is a greedy step): it learns the last round's outcome from
-    the decode's trace and times ``propose``."""
 
-    def __init__(self, inner: Proposer, kind: str, controller: WidthController,
-                 costs: WidthCosts) -> None:
-        self.inner, self.kind, self.controller, self.costs = inner, kind, controller, costs
-        self._num_rounds_seen = 0
-        self.chosen: list[int] = []  # the width asked of the proposer, per proposal
-        self._widths_proposed: set[int] = set()  # widths proposed in this request
-        # when the last proposal (or greedy stretch) returned, its drafts, and the verify
-        # seconds and the proposals' work seconds past their host's observed by then, and
-        # the steps it stands for (a stretch's greedy steps, else 1)
-        self._last: tuple[float, int, float, float, int] | None = None
 
-    def capture_widths(self, state: DecodeState, target: TargetPass) -> None:
-        """On CUDA graphs, once per static buffer set: the target's passes over ``1 … K + 1``
-        tokens and the chain's plans of ``1 … K`` drafts captured (a capture mid-decode
-        stalls it), then each timed (unmeasured widths looked free: seven drafts a round)."""
-        cells = state.cells
-        if not isinstance(cells, StaticCells) or not target.session.graphs.is_enabled or \
-                all(n in cells.plans and not cells.plans[n].awaits_capture
-                    for n in range(1, self.controller.max_k + 2)):
-            return
-        max_k = self.controller.max_k
-        capture_widths(target, range(1, max_k + 2), state.pending, state.consumed, cells,
-                       state.admitted, state.controls)
-        if (inner := getattr(self.inner, "capture_widths", None)) is None:
-            return
-        inner(state, max_k)
-        for k in range(1, max_k + 1) if state.sampler is None else ():  # draws none
-            self._timed(lambda k=k: self.inner.propose(state, k), measured=True)
-        self._last = None  # no round yet
+class WidthPolicy(Protocol):
+    """Chooses each round's width; told what each proposal cost and what each round did.
 
-    def propose(self, state: DecodeState, k: int) -> Proposal:
-        width = self._choose(state, k)  # 0: drafting does not pay now, a greedy step
-        return self._timed(lambda: self.inner.propose(state, width) if width else Proposal())
+    ``widths`` are the widths it may choose (warmed up, captured, before the first round).
+    The decode calls :meth:`width` before each proposal, :meth:`proposed` after it and
+    :meth:`observe` once the round is read, whatever the policy (a fixed width ignores them).
+    """
 
-    def queues(self, state: DecodeState) -> bool:
-        queues = getattr(self.inner, "queues", None)
-        return queues is not None and queues(state)
+    widths: range
 
-    def propose_after(self, state: DecodeState, after: QueuedRound | None, cursor: Value,
-                      k: int) -> Proposal:
-        """A round queued behind another (speculative/ahead.py), at the width chosen from
-        the rounds read so far (0 is a greedy step there too)."""
-        width = self._choose(state, k)
-        return self._timed(lambda: self.inner.propose_after(state, after, cursor, width))
+    def width(self, state: DecodeState, cap: int) -> int:
+        """This round's width, at most ``cap`` (0: a greedy step)."""
+        ...
 
-    def greedy_stretch(self) -> int:
-        """Greedy steps for the decode to run now on the greedy path, past the round just
-        run (0: none; see the module): their time outside the passes, per step, is
-        ``t_round(0)``'s next observation."""
-        steps = self.controller.take_greedy_stretch(STRETCH)
-        if steps:
-            self._observe_last()
-            self._last = (time.perf_counter(), 0, self.costs.verify_total,
-                          self.costs.settle_proposals(), steps)
-        return steps
+    def proposed(self, k: int, seconds: float) -> None:
+        """The proposal just made drafted ``k`` tokens in ``seconds`` of host time."""
+        ...
 
-    def _observe_last(self) -> None:
-        """The last round's (or stretch's, per step) time outside its proposal and verify."""
-        if self._last is not None:
-            returned, width, verified, beyond, steps = self._last
-            costs = self.costs
-            costs.observe_round((time.perf_counter() - returned - (costs.verify_total - verified)
-                                 - (costs.settle_proposals() - beyond)) / steps, width)
-            self._last = None
+    def observe(self, result: RoundResult) -> None:
+        """A round was read: its width and how many tokens it committed."""
+        ...
 
-    def _choose(self, state: DecodeState, k: int) -> int:
+    def measuring(self) -> contextmanager:
+        """A context the decode runs in (a measured policy observes the sessions there)."""
+        ...
+
+
+class FixedWidth:
+    """``k`` drafts every round, fewer only where the round's cap is lower: the null policy."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.widths = range(k, k + 1)
+
+    def width(self, state: DecodeState, cap: int) -> int:
+        return min(self.k, cap)
+
+    def proposed(self, k: int, seconds: float) -> None:
+        pass
+
+    def observe(self, result: RoundResult) -> None:
+        pass
+
+    @contextmanager
+    def measuring(self) -> Iterator[None]:
+        yield
+
+
+class MeasuredWidth:
+    """``k="auto"``: each round at the width :class:`WidthController` picks from the engine's
+    measured :class:`WidthCosts` (shared by its requests) and this request's acceptance.
+
+    Only while :meth:`measuring` are the sessions observed: the target's passes time
+    ``t_verify(n)``, the proposer's runs price each proposal by its work, not its launch.
+    After a greedy choice the steps before the next probe are taken without asking the rule
+    again, :data:`STRETCH` at most (acceptance moves only in a round with drafts).
+    """
+
+    def __init__(self, max_k: int, kind: str, costs: WidthCosts, target: ComponentSession,
+                 proposing: Sequence[ComponentSession] = ()) -> None:
+        self.controller = WidthController(max_k)
+        self.kind, self.costs = kind, costs
+        self.widths = range(0, max_k + 1)
+        self._target, self._proposing = target, tuple(proposing)
+        self.chosen: list[int] = []  # the width chosen, per round
+        self._num_greedy_left = 0  # greedy steps of the stretch taken, not run yet
+        self._widths_proposed: set[int] = set()  # a width's first proposal: not timed
+        # when the last proposal returned: (then, its drafts, the verify seconds and the
+        # proposals' work seconds past their host's observed by then)
+        self._last: tuple[float, int, float, float] | None = None
+
+    @contextmanager
+    def measuring(self) -> Iterator[None]:
+        costs = self.costs
+        with ExitStack() as attached:
+            attached.enter_context(_observing(self._target,
+                                              costs.verify_observer(self._target.ports.roles)))
+            for session in self._proposing:
+                attached.enter_context(_observing(session, costs.proposer_observer()))
+            yield
+
+    def width(self, state: DecodeState, cap: int) -> int:
         self._observe_last()
-        trace = state.stats.trace
-        for round_k, num_accepted in trace[self._num_rounds_seen:]:
-            self.controller.observe(round_k, num_accepted)
-        self._num_rounds_seen = len(trace)
-        width = min(k, self.controller.choose(self.costs, self.kind))
+        self.costs.proposer_runs.clear()  # runs before this proposal are not its own
+        if self._num_greedy_left:
+            self._num_greedy_left -= 1
+            width = 0
+        else:
+            width = min(cap, self.controller.choose(self.costs, self.kind))
+            if width == 0:
+                self._num_greedy_left = self.controller.take_greedy_stretch(STRETCH)
         self.chosen.append(width)
         return width
 
-    def _timed(self, propose: Callable[[], Proposal], measured: bool = False) -> Proposal:
+    def proposed(self, k: int, seconds: float) -> None:
         costs = self.costs
-        costs.proposer_runs.clear()  # runs before this proposal are not its own
-        started = time.perf_counter()
-        proposal = propose()
-        proposing = time.perf_counter() - started
-        # a width's first proposal in a request is not timed: it may make that width's plan
-        # or session once; nor is a greedy step's empty one (t_propose(0) = 0)
-        costs.add_proposal(self.kind, proposal.k, proposing, timed=proposal.k > 0 and (
-            measured or proposal.k in self._widths_proposed))
-        self._widths_proposed.add(proposal.k)
-        self._last = (time.perf_counter(), proposal.k, costs.verify_total,
-                      costs.settle_proposals(), 1)
-        return proposal
+        # a width's first proposal in a request may make that width's plan or session
+        # (not a measurement); a greedy step's empty one is not a proposal (t_propose(0) = 0)
+        costs.add_proposal(self.kind, k, seconds, timed=k > 0 and k in self._widths_proposed)
+        self._widths_proposed.add(k)
+        self._last = (time.perf_counter(), k, costs.verify_total, costs.settle_proposals())
+
+    def observe(self, result: RoundResult) -> None:
+        if result.k:
+            self.controller.observe(result.k, result.num_accepted)
+
+    def timed_warm_up(self, k: int, seconds: float) -> None:
+        """A warm-up proposal of ``k`` drafts (plans made already): a measurement."""
+        self._widths_proposed.add(k)
+        self.proposed(k, seconds)
+        self._last = None  # no round yet
+
+    def _observe_last(self) -> None:
+        """The last round's time outside its proposal and its target pass."""
+        if self._last is not None:
+            returned, width, verified, beyond = self._last
+            costs = self.costs
+            costs.observe_round(time.perf_counter() - returned
+                                - (costs.verify_total - verified)
+                                - (costs.settle_proposals() - beyond), width)
+            self._last = None
+
+
+@contextmanager
+def _observing(session: ComponentSession, observer: Observer) -> Iterator[None]:
+    """``observer`` on ``session`` (and on the sessions that share its list) inside."""
+    session.observers.append(observer)
+    try:
+        yield
+    finally:
+        session.observers.remove(observer)
