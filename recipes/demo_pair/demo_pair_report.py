@@ -1,6 +1,6 @@
 """Acceptance of a chained pair on validation prompts, written as JSON.
 
-    uv run --extra cpu python scripts/demo_pair_report.py PACKAGE OUT_JSON [--tokens 64]
+    uv run --extra cpu python recipes/demo_pair/demo_pair_report.py PACKAGE OUT_JSON [--tokens 64]
         [--device cpu] [--prompts FILE]
 
 Two measurements, each at k = 1 … 8:
@@ -100,7 +100,7 @@ def main() -> None:
         "package": str(args.package), "device": args.device,
         "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "command": "python scripts/demo_pair_report.py " + " ".join(
+        "command": "python recipes/demo_pair/demo_pair_report.py " + " ".join(
             [str(args.package), str(args.out), f"--tokens {args.tokens}",
              f"--device {args.device}"]),
         "num_prompts": len(items), "new_tokens": args.tokens,
