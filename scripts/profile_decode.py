@@ -101,9 +101,11 @@ def profile_ort(engine: speculant.Engine, args: argparse.Namespace) -> None:
     by_op: dict[str, list[float]] = defaultdict(list)
     for event in kernels:
         by_op[event["args"].get("op_name", "?")].append(event["dur"])
+    wall_ms = statistics.median(walls) * 1e3
+    kernel_ms = sum(e["dur"] for e in kernels) / args.runs / 1e3
     print(f"{args.package} on {args.device}, width {args.width}, context {args.context}: "
-          f"{len(kernels) / args.runs:.0f} kernels a pass, wall {statistics.median(walls) * 1e3:.3f}"
-          f" ms, kernel time {sum(e['dur'] for e in kernels) / args.runs / 1e3:.3f} ms")
+          f"{len(kernels) / args.runs:.0f} kernels a pass, wall {wall_ms:.3f} ms, "
+          f"kernel time {kernel_ms:.3f} ms")
     for op, durations in sorted(by_op.items(), key=lambda item: -sum(item[1]))[:args.top]:
         print(f"  {op:<36} {len(durations) / args.runs:6.1f} a pass "
               f"{sum(durations) / args.runs / 1e3:8.3f} ms")
