@@ -25,14 +25,20 @@ export PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1  # not tests/: its builders 
 speculant() { "$PYTHON" -m speculant "$@"; }
 stage() { echo "== $1 ($(date +%T))"; }
 
-build() {  # each package once: the demo pair and draft model in float16 with static caches, the
-           # realistic ~1B pair with the int4 drafter, the SmolLM2 pair in float16
+# Each package is built once and kept under $WORK.
+build_demo() {  # the demo pair and its draft model in float16 with static caches
   [ -d "$WORK/demo16" ] || { speculant convert src/speculant/demo "$WORK/demo16" --dtype float16 \
       --cache static && cp src/speculant/demo/val_prompts.json "$WORK/demo16/"; }
   [ -d "$WORK/draft16" ] || speculant convert src/speculant/demo_draft "$WORK/draft16" \
       --dtype float16 --cache static
-  [ -d "$WORK/real1b" ] || speculant scale-target "$WORK/demo16" "$WORK/real1b" \
-      --shape realistic-1b --check-tokens 0 --quantize-drafter int4
+}
+
+build_real1b() {  # the demo pair zero-padded to the realistic ~1B shape, the drafter as int4
+  build_demo && { [ -d "$WORK/real1b" ] || speculant scale-target "$WORK/demo16" "$WORK/real1b" \
+      --shape realistic-1b --check-tokens 0 --quantize-drafter int4; }
+}
+
+build_smollm2() {  # SmolLM2 in float16 with static caches and the committed drafter
   [ -d "$WORK/smollm2-16" ] || "$PYTHON" - "$WORK/smollm2-16" <<'EOF'
 import sys
 from speculant_tools.builtin import DRAFTER_DIR, smollm2_gguf
@@ -67,7 +73,7 @@ tests)
   cp "$WORK/evidence/cuda-residency.json" "$out/"
   stage "evidence gate: the committed float32 pair, then its float16 static convert"
   gate
-  build > "$WORK/build.log" 2>&1 || tail -5 "$WORK/build.log"
+  build_demo > "$WORK/build.log" 2>&1 || tail -5 "$WORK/build.log"
   gate "$WORK/demo16"
   stage "generate --stats on CUDA: each proposer on the float16 demo pair"
   for args in "--speculative" "--draft $WORK/draft16 --k 4" "--proposer prompt_lookup --k 4" \
@@ -80,11 +86,11 @@ tests)
   ;;
 build)
   stage "build the packages under $WORK"
-  build 2>&1 | tail -5
+  { build_real1b && build_smollm2; } 2>&1 | tail -5
   ls "$WORK"
   ;;
 bench)
-  build > "$WORK/build.log" 2>&1 || { tail -5 "$WORK/build.log"; exit 1; }
+  build_real1b > "$WORK/build.log" 2>&1 || { tail -5 "$WORK/build.log"; exit 1; }
   stage "bench: chained over all 32 validation prompts"
   bench real1b-val32 "$WORK/real1b" 200 64 --prompts src/speculant/demo/val_prompts.json \
     --proposer chained --k 4 --k 5 --k auto
@@ -93,7 +99,7 @@ bench)
     --proposer prompt_lookup --k 4 --k 5 --k auto --anchors genai --anchor-dir "$WORK/anchors"
   ;;
 smollm2)
-  build > "$WORK/build.log" 2>&1 || { tail -5 "$WORK/build.log"; exit 1; }
+  build_smollm2 > "$WORK/build.log" 2>&1 || { tail -5 "$WORK/build.log"; exit 1; }
   stage "generate --stats: SmolLM2 float16 static pair, the README's first command"
   timeout 60 "$PYTHON" -m speculant generate "$WORK/smollm2-16" --device cuda --chat \
     --prompt "Explain speculative decoding in one sentence." --speculative --stats \
@@ -105,7 +111,7 @@ smollm2)
     --anchors genai --anchor-dir "$WORK/anchors-smollm2"
   ;;
 profile)
-  build > "$WORK/build.log" 2>&1 || { tail -5 "$WORK/build.log"; exit 1; }
+  build_real1b > "$WORK/build.log" 2>&1 || { tail -5 "$WORK/build.log"; exit 1; }
   stage "cProfile: the realistic ~1B pair, greedy and chained k=4"
   timeout 120 "$PYTHON" scripts/profile_decode.py "$WORK/real1b" --what round --device cuda \
     --k 4 --prompts "$PROMPTS" --top 35 > "$out/profile-round.txt" 2>&1
