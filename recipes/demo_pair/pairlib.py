@@ -480,7 +480,7 @@ def leading_matches(drafts: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
 
 
 def summarize(pairs: list[tuple[int, int]], k: int) -> dict:
-    """pairs: (k_r, a_r) of every round (same as scripts/demo_pair_report.py)."""
+    """pairs: (k_r, a_r) of every round (same as recipes/demo_pair/demo_pair_report.py)."""
     rounds = [(kr, a) for kr, a in pairs if kr > 0]
     proposed = [sum(1 for kr, _ in rounds if kr > i) for i in range(k)]
     accepted = [sum(1 for kr, a in rounds if kr > i and a - 1 > i) for i in range(k)]
@@ -519,7 +519,7 @@ def acceptance_report(tv: TargetView, prompts: list[list[int]], continuations: l
                       drafter: Drafter | None = None, draft_model=None, new_tokens: int = 64,
                       kmax: int = 8) -> dict:
     """Acceptance at k = 1..kmax on the val prompts. The first two follow
-    scripts/demo_pair_report.py:
+    recipes/demo_pair/demo_pair_report.py:
 
     * greedy_continuations: the runtime's round loop decoding ``new_tokens`` tokens from each
       prompt; drafts verified against the target's greedy stream.

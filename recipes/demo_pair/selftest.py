@@ -6,10 +6,10 @@
 1. The functional target forward (pairlib.TargetView) equals transformers' own logits, and its
    cached greedy decode equals transformers' full-recompute greedy.
 2. The vectorised chain (all positions at once, as trained and evaluated) equals the plain
-   runtime loop of runtime.md §9.4 on single contexts.
+   runtime loop of docs/design/spec/runtime.md §9.4 on single contexts.
 3. The acceptance figures of a greedy run (pairlib.simulate_greedy_runs) equal a brute-force
    speculative decode: rounds of drafter_reference_round + a full target pass for
-   verification, committing a tokens per round, as runtime.md §10-§14 do.
+   verification, committing a tokens per round, as docs/design/spec/runtime.md §10-§14 do.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ greedy or sampled output); a chain context is every position ``c`` of the contin
                         -> trained toward the target's p(. | x[..c+j])
 
 every step at position id ``c`` reading the target's last-layer KV of positions ``0..c``
-(causal rows), exactly as the runtime's round drives it (runtime.md §9.4: the seed token, then
+(causal rows), exactly as the runtime's round drives it (docs/design/spec/runtime.md §9.4: the seed token, then
 the pending token, then its own drafts; on the target's greedy stream the pending token and
 every accepted draft are ``x[c+1..]``).
 

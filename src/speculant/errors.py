@@ -1,9 +1,9 @@
-"""The typed error tree (spec README, "Conventions").
+"""The typed error tree (docs/design/spec/README.md, "Conventions").
 
 Every error speculant raises on bad input is one of these classes. An error carries one or
 more :class:`Problem` records; each names where it happened (file and document path), the
 offending value, what was expected and, where one exists, the remedy. Load collects all
-problems of a package and raises them together (metadata.md §1 rule 3).
+problems of a package and raises them together (docs/design/spec/metadata.md §1 rule 3).
 
 Rendering is bounded, whatever the input: an offending value is shown through :func:`shown`
 (a few levels, a few items, a few hundred characters), every problem renders on one line of

@@ -1,6 +1,6 @@
-"""The chained speculative contract (metadata.md §4.9): rules 26–32, the proposal forms
-speculant cannot run (rule 27), admission of the embedding table and the widths (A6–A8), and
-the plan's ``ChainPlan``.
+"""The chained speculative contract (docs/design/spec/metadata.md §4.9): rules 26–32, the
+proposal forms speculant cannot run (rule 27), admission of the embedding table and the widths
+(A6–A8), and the plan's ``ChainPlan``.
 
 Derive first, then check what was derived: ``derive`` reads the chain's facts from the
 document once — the fused, seed and carry contracts, the position symbol σ (the fused port's

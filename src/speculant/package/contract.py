@@ -1,5 +1,5 @@
-"""Tensor contracts (metadata.md §4.2) and the base every typed metadata object shares:
-closed objects, dtypes, and errors about one key."""
+"""Tensor contracts (docs/design/spec/metadata.md §4.2) and the base every typed metadata object
+shares: closed objects, dtypes, and errors about one key."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Metadata document: discovery (metadata.md §2.1), parsing and typing.
+"""Metadata document: discovery (docs/design/spec/metadata.md §2.1), parsing and typing.
 
 Parsing is strict: YAML through a safe loader that refuses duplicate mapping keys, JSON without
 duplicate keys or non-finite constants, a mapping at the root. It is also bounded, so that no

@@ -1,5 +1,5 @@
-"""The component graphs (metadata.md §2.2, admission A1): parsing without external data, and the
-few facts admission reads from a graph (its ports, their declared shapes, static extents).
+"""The component graphs (docs/design/spec/metadata.md §2.2, admission A1): parsed without external
+data, and the facts admission reads from them (ports, declared shapes, static extents).
 
 Binary models are parsed without loading external data (whose locations are confined to the
 package); text-format models (``.onnx.textproto``) must hold their initializers inline.

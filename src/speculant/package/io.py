@@ -1,5 +1,5 @@
-"""Inputs, outputs, components and their ports (metadata.md §4.1–4.6): rules 7–11, the
-contracts speculant can bind, the target's driver roles, and admission of the declared ports
+"""Inputs, outputs, components and their ports (docs/design/spec/metadata.md §4.1–4.6): rules 7–11,
+the contracts speculant can bind, the target's driver roles, and admission of the declared ports
 against the graphs (A2–A4). Derives the target's port roles.
 
 The driver binds the target's token ids and reads its logits through the ports whose roles

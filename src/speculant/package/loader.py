@@ -1,4 +1,4 @@
-"""Folder on disk -> validated :class:`Package` (metadata.md §1–7).
+"""Folder on disk -> validated :class:`Package` (docs/design/spec/metadata.md §1–7).
 
 The features run in order, each owning its rules, its unsupported cases, its admission and
 its part of the plan: ``top`` (the top-level sections), ``io`` (inputs, outputs, components,

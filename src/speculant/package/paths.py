@@ -1,4 +1,4 @@
-"""Path confinement (metadata.md §2.3): every file a package names stays inside its root.
+"""Path confinement (docs/design/spec/metadata.md §2.3): a package names only files in its root.
 
 P1 is lexical and needs only the document (``lexical_problem``); P2 and P3 need the folder
 (``confine``). Each failure is a ``MetadataError`` naming the path and the document field.

@@ -1,4 +1,4 @@
-"""What load derives for the runtime (metadata.md §5), from a document that passed every check.
+"""What load derives for the runtime (docs/design/spec/metadata.md §5) from a checked document.
 
 The plan names everything the interpreter needs by role, so that nothing downstream re-reads
 the document to find out which port is the token ids or which cells roll back. Each feature

@@ -1,5 +1,5 @@
-"""The serving controls (metadata.md §4.7, `workflow.serving`): rule 20, and the controls the
-plan names (active, done, accepted_len -> the workflow input that carries each).
+"""The serving controls (docs/design/spec/metadata.md §4.7, `workflow.serving`): rule 20, and the
+controls the plan names (active, done, accepted_len -> the workflow input that carries each).
 
 speculant seeds the controls at admission and updates them after every pass, so each must be
 a workflow input it can bind.

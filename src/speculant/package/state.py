@@ -1,6 +1,6 @@
-"""State cells, state groups and their aliases, and rollback (metadata.md §4.7): rules 17–19
-and 21–25, 33, 34, the cells and groups speculant cannot manage, and the cells the target
-owns, derived for the plan with the bound on how far they roll back.
+"""State cells, state groups and their aliases, and rollback (docs/design/spec/metadata.md §4.7):
+rules 17–19 and 21–25, 33, 34, the cells and groups speculant cannot manage, and the cells the
+target owns, derived for the plan with the bound on how far they roll back.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The workflow steps (metadata.md §4.8): the SSA walk (rules 12–16), what speculant executes
-of them (invoke and emit; the control steps are unsupported, rule 16), the invoke bindings
-against the graphs (A5), and the bindings the plan takes from the invokes.
+"""The workflow steps (docs/design/spec/metadata.md §4.8): the SSA walk (rules 12–16), what
+speculant executes of them (invoke and emit; the control steps are unsupported, rule 16), the invoke
+bindings against the graphs (A5), and the bindings the plan takes from the invokes.
 
 The SSA walk follows the standard's scoping. Values flow through a ``sequence`` as through
 the top level. A ``loop`` republishes its ``setup`` outputs and the cells it carries (the

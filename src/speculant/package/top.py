@@ -1,6 +1,6 @@
-"""The top-level sections (metadata.md §3): schema version, `model`, `package.tokenizer`,
-`generation`, profiles, and the capabilities of the document and its manifest (rules 2–5, 35,
-36). Derives the EOS ids, the static context cap and the tokenizer file.
+"""The top-level sections (docs/design/spec/metadata.md §3): schema version, `model`,
+`package.tokenizer`, `generation`, profiles, and the capabilities of the document and its manifest
+(rules 2–5, 35, 36). Derives the EOS ids, the static context cap and the tokenizer file.
 
 ``model.sharding`` declares which distributed layouts are legal, not one that must be used:
 it is informational, and a single-device load ignores it.

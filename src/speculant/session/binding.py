@@ -1,4 +1,4 @@
-"""ONNX Runtime IO binding of `Value`s, host and device, without a copy (residency.md §6).
+"""ONNX Runtime IO binding of `Value`s, host and device, no copy (docs/design/spec/residency.md §6).
 
 Everything speculant says to ONNX Runtime about memory is here; the tensor backends only offer
 the primitives (:class:`~speculant.tensors.backend.Backend`: ``pointer``, ``compute_stream``,

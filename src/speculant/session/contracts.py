@@ -1,4 +1,4 @@
-"""Shape symbols and contract checks (runtime.md §3).
+"""Shape symbols and contract checks (docs/design/spec/runtime.md §3).
 
 One `SymbolTable` per scope: a fixed extent must match, a symbol binds at first sight and must
 agree afterwards, a ``request_aligned`` axis has extent 1 (one sequence per run), and symbols

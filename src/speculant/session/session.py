@@ -1,4 +1,4 @@
-"""One ONNX Runtime session per component, run through IO binding (residency.md §6).
+"""One ONNX Runtime session per component, run by IO binding (docs/design/spec/residency.md §6).
 
 `ComponentSession.invoke` is the one seam every component run goes through: it checks the
 inputs against the port contracts (a fresh invocation-scope symbol table), binds them where

@@ -1,9 +1,9 @@
 """The drafter's step graph: one chained step is one ONNX Runtime run (issue 12, item 4).
 
-runtime.md §9.4 builds each step's fused input with two seam operations (gather the scaled
-row of the last token, scatter it and the carry into the fused buffer) and reduces the
-step's scores with a third (argmax). At load the proposer's graph is rewritten, once, so
-that the same three happen inside it:
+docs/design/spec/runtime.md §9.4 builds each step's fused input with two seam operations (gather the
+scaled row of the last token, scatter it and the carry into the fused buffer) and reduces the step's
+scores with a third (argmax). At load the proposer's graph is rewritten, once, so that the same
+three happen inside it:
 
     row   = Mul(Gather(TABLE, TOKEN), SCALE)                 # [1, W_E]: the scaled row
     fused = Concat(row shaped to the step, CARRY, axis=-1)   # the fused port's value
@@ -20,8 +20,8 @@ carry to the buffers step ``j + 1`` reads (``chain_steps.py``) and a step is one
 CUDA one graph replay, with no kernel launched between steps.
 
 ArgMax is ONNX Runtime's: on ties it takes the first index, as ``argmax_rows`` does; a NaN
-row may pick another id than runtime.md §7's rule. A draft only decides what is verified,
-never what is committed, so that changes acceptance at most, never the output.
+row may pick another id than docs/design/spec/runtime.md §7's rule. A draft only decides what is
+verified, never what is committed, so that changes acceptance at most, never the output.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The draft-model proposer (runtime.md §18): a second greedy decoder that drafts by decoding.
+"""The draft-model proposer (docs/design/spec/runtime.md §18): a second greedy decoder that drafts.
 
 A draft model is another package (a greedy decoder) loaded beside the target,
 on the same device and the same tensor seam (so its passes follow the target's residency rules:

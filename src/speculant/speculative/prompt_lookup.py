@@ -1,4 +1,4 @@
-"""Prompt lookup (runtime.md §18): model-free n-gram drafts from the committed stream.
+"""Prompt lookup (docs/design/spec/runtime.md §18): model-free n-gram drafts from committed tokens.
 
 No model, no state, zero proposer invocations; the drafts are deterministic, so the verifier
 takes ``q = δ_d`` under sampling. The rollback bound is the smallest ``rollback_positions`` of

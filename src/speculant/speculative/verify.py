@@ -1,5 +1,5 @@
-"""Verification (runtime.md §10-§11, §17.4): which block positions the target accepts, and the
-token it commits after them.
+"""Verification (docs/design/spec/runtime.md §10-§11, §17.4): which block positions the target
+accepts, and the token it commits after them.
 
 ``greedy_accept`` is a pure function of the block and the target's choices. Under sampling the
 pure function is ``tensors.sampling.rejection_sample`` (the same code over numpy and CuPy),

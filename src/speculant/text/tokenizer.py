@@ -1,4 +1,4 @@
-"""Text <-> token ids through a package's ``tokenizer.json`` (metadata.md §2.4).
+"""Text <-> token ids through a package's ``tokenizer.json`` (docs/design/spec/metadata.md §2.4).
 
 :class:`Tokenizer` wraps the ``tokenizers`` library. A package without a tokenizer still
 loads; it gets a :class:`NoTokenizer`, whose text methods raise :class:`RequestError` while

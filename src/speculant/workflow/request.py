@@ -1,4 +1,4 @@
-"""A request and its admission (runtime.md §2): what every pass will bind, decided once."""
+"""A request and its admission (docs/design/spec/runtime.md §2): what each pass binds, set once."""
 
 from __future__ import annotations
 

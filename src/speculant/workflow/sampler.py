@@ -1,4 +1,4 @@
-"""`Sampler`: the sampling settings in force and the request's one generator (runtime.md §17).
+"""`Sampler`: the sampling in force and the request's generator (docs/design/spec/runtime.md §17).
 
 Draws come from one ``numpy`` generator seeded by the request seed, in a fixed order: the
 first token's draw at prefill; then per round the proposal's draws (one per sampled draft),

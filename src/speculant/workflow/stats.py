@@ -1,4 +1,4 @@
-"""`DecodeStats`: the counters of one decode, in the glossary's words (evidence.md §2)."""
+"""`DecodeStats`: a decode's counters, in the glossary's words (docs/design/spec/evidence.md §2)."""
 
 from __future__ import annotations
 
