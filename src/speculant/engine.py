@@ -291,8 +291,8 @@ class Engine:
 
 
 def _can_auto_enable(package: Package) -> bool:
-    """The auto-enable rule of runtime.md §2.4: a distribution-preserving speculative section
-    whose every component's contract is bitwise or distribution-preserving."""
+    """docs/design/spec/runtime.md §2.4's auto-enable rule: a distribution-preserving
+    speculative section, every component's contract bitwise or distribution-preserving."""
     spec = package.document.speculative
     components = package.document.workflow.components.values()
     return spec is not None and spec.distribution_preserving and all(

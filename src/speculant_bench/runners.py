@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from speculant.engine import Engine
 from speculant.errors import RequestError
-from speculant.speculative.width import AUTO  # the k whose width follows acceptance
 from speculant.speculative.kinds import NAMES
+from speculant.speculative.width import AUTO  # the k whose width follows acceptance
 from speculant.workflow.options import GenerationOptions
 
 PROPOSERS = NAMES  # every proposer kind a bench asks for by default

@@ -3,7 +3,7 @@
 Packages in circulation call every sequence-like axis ``sequence``. Shape symbols unify within
 one component execution, so a borrowed cache that says ``sequence`` is narrowed to the one
 position the drafter's query has, and the chain sees no context (rule 32). :func:`name_axes`
-gives each such axis the name of what it counts (metadata.md §5):
+gives each such axis the name of what it counts (docs/design/spec/metadata.md §5):
 
 =================  ===========================================================================
 ``sequence``       the query: the tokens a pass processes (token ids, position ids, the fused
@@ -54,8 +54,8 @@ AXIS_NAMES = (SEQUENCE, PAST_SEQUENCE, TOTAL_SEQUENCE, KV_SEQUENCE)
 PER_TOKEN_ROLES = frozenset({"token_ids", "inputs_embeds", "position_ids", "logits",
                              "hidden_states"})
 
-REMEDY = ("name the axis by hand (sequence, past_sequence, total_sequence or kv_sequence, "
-          "metadata.md §5), or declare what the port is (ports.roles, a state alias)")
+REMEDY = ("name the axis by hand (sequence, past_sequence, total_sequence or kv_sequence: "
+          "docs/design/spec/metadata.md §5), or declare the port (ports.roles, a state alias)")
 
 INPUTS, OUTPUTS = "inputs", "outputs"
 PortKey = tuple[str, str, str]  # (component, INPUTS | OUTPUTS, port)

@@ -10,8 +10,8 @@ from chain_helpers import PROBE_PROMPT
 
 from speculant.speculative.decode import decode
 from speculant.speculative.round import run_round
-from speculant.speculative.width import FixedWidth
 from speculant.speculative.verify import verify
+from speculant.speculative.width import FixedWidth
 from speculant.tensors import TensorSeam, Value
 from speculant.workflow.state import RoundResult
 

@@ -10,6 +10,7 @@ import speculant
 from builders import encode
 from builders.writers import write_chained_package, write_decoder_package
 from speculant.session.session import Invocation
+from speculant.speculative.kinds import KINDS
 from speculant.speculative.width import (
     MAX_PROBE_EVERY,
     PROBE_EVERY,
@@ -24,7 +25,6 @@ from speculant.speculative.width import (
     expected_tokens,
     probe_interval,
 )
-from speculant.speculative.kinds import KINDS
 from speculant.tensors import Value
 from speculant.workflow.options import GenerationOptions
 
@@ -414,7 +414,6 @@ def test_a_proposal_queued_on_a_device_is_priced_by_its_work_not_its_launch():
     marks on the stream, say what it cost. Priced by the host clock every width looks free
     (k=auto then drafted 7.3 drafts a round on the H200 where k=4 was faster): priced by the
     larger of the two, asked once the runs finished, and taken out of the round's time."""
-    from types import SimpleNamespace
 
     from speculant.speculative.proposal import Proposal
 

@@ -9,8 +9,8 @@ import pytest
 
 import speculant
 from speculant.errors import ContractError
-from speculant.workflow.state import DecodeState
 from speculant.workflow.cells import StaticPool
+from speculant.workflow.state import DecodeState
 
 PROMPT = [7, 3, 41, 12, 25, 9, 7, 3, 41, 12]
 NEW = 24

@@ -289,7 +289,7 @@ def _check_owners(doc: Document, writers: Writers, lengths: frozenset[str],
     target, _ = component_roles(doc)
     for name in wf.state:
         found = writers.get(name, [])
-        if name in lengths and not found:  # the driver writes it (static-cache.md)
+        if name in lengths and not found:  # the driver writes it (docs/design/static-cache.md)
             continue
         if len(found) != 1:
             unsupported(out, "24", f"state cell '{name}' with {len(found)} owners "

@@ -1,4 +1,4 @@
-"""One ONNX Runtime intra-op thread pool for every CPU session of the process (session.md).
+"""One ONNX Runtime intra-op thread pool for all CPU sessions of a process (docs/design/session.md).
 
 Per-session pools that spin between runs starve each other where the target's and the
 drafter's take turns on the same cores; stopping them after each run costs the hand-off. One

@@ -1,4 +1,4 @@
-"""The chained proposal (runtime.md §8-§9): an MTP/EAGLE-style drafter, step by step.
+"""The chained proposal (docs/design/spec/runtime.md §8-§9): an MTP/EAGLE-style drafter, stepwise.
 
 Each step feeds the drafter ``concat(table[last] · scale, carry)``, built inside its step graph
 where the chain executes (``chain_graph.py``) from the target's table as stored; the borrowed
@@ -324,9 +324,9 @@ class ChainedProposer:
     # -- bindings fixed for one proposal ---------------------------------------------------
     def _fixed_bindings(self, state: DecodeState,
                         into: dict[str, Value] | None = None) -> dict[str, Value]:
-        """The proposer's inputs other than the step's own, for this proposal (runtime.md
-        §9.2); with ``into`` (static caches: the buffers the step plans share) each is
-        written into its buffer instead (the borrowed caches are bound to the target's
+        """The proposer's inputs other than the step's own, for this proposal
+        (docs/design/spec/runtime.md §9.2); with ``into`` (static caches: the step plans'
+        buffers) each is written into its buffer instead (borrowed caches are the target's
         buffers themselves, the length is written in place)."""
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None

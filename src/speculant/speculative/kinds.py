@@ -9,10 +9,10 @@ default k, its request check and its builder (STYLE habit 5).
 
 (``rollback_positions``: the smallest of the target's state groups.)
 
-``auto`` is not a kind: it resolves to ``chained`` where the package's auto-enable rule holds
-(runtime.md §2.4), and to plain decoding otherwise. Admission (:func:`admit_proposer`), the
-CLI's choices and help, and the bench's default list all read :data:`KINDS`; nothing else
-switches on a kind's name.
+``auto`` is not a kind: it is ``chained`` where the auto-enable rule holds
+(docs/design/spec/runtime.md §2.4), plain decoding otherwise. Admission, the CLI's choices
+and help, and the bench's default list all read :data:`KINDS`; nothing else switches on a
+kind's name.
 
 ``k``: an int is a fixed width (within the bound); None is the kind's default width, fixed;
 ``"auto"`` (the default of :class:`~speculant.workflow.options.GenerationOptions`) is the

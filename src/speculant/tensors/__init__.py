@@ -1,4 +1,4 @@
-"""The tensor seam: `Value`, the `Backend` protocol and its implementations (residency.md)."""
+"""The tensor seam: `Value`, `Backend` and its backends (docs/design/spec/residency.md)."""
 
 from speculant.tensors.backend import Backend, ResidencyCounters
 from speculant.tensors.devices import make_seam

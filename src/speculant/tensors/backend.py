@@ -1,4 +1,4 @@
-"""`Backend`: what a residency's implementation of the seam provides (residency.md §3-9).
+"""`Backend`: what a residency's seam implementation provides (docs/design/spec/residency.md §3-9).
 
 The seam (:class:`~speculant.tensors.seam.TensorSeam`) validates every argument and then hands
 the work to the backend of the principal operand's residency. A backend only computes; its

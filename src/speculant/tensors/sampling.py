@@ -1,4 +1,4 @@
-"""Sampling math (runtime.md §17), written once over an array module ``xp``.
+"""Sampling math (docs/design/spec/runtime.md §17), written once over an array module ``xp``.
 
 The host backend calls these functions with ``numpy`` and the CUDA backend with ``cupy``, so
 the two run the same operations in the same order: the same sort of values (never a sort

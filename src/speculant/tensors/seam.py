@@ -1,6 +1,6 @@
 """`TensorSeam`: every tensor operation of the decode path, run where its principal input lives.
 
-The seam validates arguments once (rules S1-S7 of residency.md §3) and hands the work to the
+The seam validates arguments once (docs/design/spec/residency.md §3, S1-S7), then hands it to
 :class:`~speculant.tensors.backend.Backend` of the principal's residency: :class:`HostBackend`
 for ``host`` and, when installed and enabled, the CUDA backend for ``cuda:N``
 (``seam.backend(residency)``). It never copies a value to the host to proceed. Error context

@@ -1,5 +1,5 @@
-"""The seam's writes at positions that live where the tensors do (residency.md §3): a round
-queued behind another (speculative/ahead.py) learns its start ``C`` and its chain context
+"""Writes at positions that live where the tensors do (docs/design/spec/residency.md §3): a round
+queued behind another (speculative/round.py) learns its start ``C`` and its chain context
 from the last round's acceptance ``[a, c_1 …]`` without the host reading it first. Each
 reads an index from a device value and writes an owned buffer there; nothing crosses to the
 host. A part of :class:`~speculant.tensors.seam.TensorSeam`, kept in its own module."""

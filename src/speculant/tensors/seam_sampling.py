@@ -1,4 +1,4 @@
-"""The seam's sampling operations (residency.md §3): ``T(row)``, draws and the rejection
+"""The seam's sampling (docs/design/spec/residency.md §3): ``T(row)``, draws and the rejection
 sampler of a round, each run where its rows live (the math: tensors/sampling.py); only ids
 come back. A part of :class:`~speculant.tensors.seam.TensorSeam`, kept in its own module."""
 

@@ -1,4 +1,4 @@
-"""`Value`: an array, where it lives, and its metadata dtype (residency.md §2)."""
+"""`Value`: an array, where it lives, and its metadata dtype (docs/design/spec/residency.md §2)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ class GenerationOptions:
     ``proposer``: None (plain decoding) or a kind of ``speculative/kinds.py`` (``chained``,
     ``draft``, ``prompt_lookup``, or ``auto``: chained where the package allows it); ``k``
     drafts per round: ``"auto"`` (the default) picks each round's width from the measured
-    acceptance and costs (``speculative/auto_k.py``), an int fixes it, None fixes it at the
+    acceptance and costs (``speculative/width.py``), an int fixes it, None fixes it at the
     kind's default. ``temperature`` 0 is greedy (argmax,
     bit-exact); above 0 tokens are drawn from ``T(row)`` (``top_k`` 0: no limit, ``top_p``,
     ``min_p``) by one generator seeded by ``seed``. ``stop`` strings end the text where they

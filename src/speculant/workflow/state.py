@@ -30,7 +30,7 @@ class RoundResult:
     verify_pass: PassResult  # the round's target pass over [pending, d_1 … d_k]
     num_proposer_invocations: int = 0
     num_proposer_rows: int = 0  # score rows the proposer reduced to a token
-    is_queued: bool = False  # queued on the device behind a pass not read yet (ahead.py)
+    is_queued: bool = False  # queued on the device behind a pass not read yet (round.py)
 
 
 def cell_shape(package: Package, cell: CellPlan, sequence_extent: int) -> list[int]:
@@ -107,7 +107,7 @@ class StopRules:
 class DecodeState:
     """The stream, the caches, the serving controls and the chain context of one decode.
 
-    Invariant between passes (runtime.md §14.2): every cell holds exactly positions
+    Invariant between passes (docs/design/spec/runtime.md §14.2): every cell holds exactly positions
     ``0 … C−1``, computed from ``x[0..C)``; the *pending token* ``x[C] = tokens[-1]`` is the
     target's choice after ``x[0..C]`` and is not consumed yet; and ``(latest, num_kept)`` is
     the chain context: the first ``num_kept`` positions of the latest pass are the ones

@@ -1,4 +1,4 @@
-"""A pass: one execution of the target's invoke over n tokens from position C0 (runtime.md §4).
+"""A pass: one run of the target's invoke over n tokens from C0 (docs/design/spec/runtime.md §4).
 
 `TargetPass` binds the driver-bound inputs (token ids, position ids, attention mask, the cells),
 the serving controls and the admitted values, checks them against their contracts with one

@@ -1,7 +1,7 @@
 """``inference_metadata.yaml`` of the exported packages, as plain dicts.
 
-The pair follows metadata.md §8.2 with one state group ``attention`` holding every layer's
-key and value cells (``kv.{i}.key|value``, owned by ``target``); the drafter ``assistant``
+The pair follows docs/design/spec/metadata.md §8.2: one state group ``attention`` holds each
+layer's key and value cells (``kv.{i}.key|value``, owned by ``target``); the drafter ``assistant``
 borrows the last layer's two cells through ``read_only`` aliases. The draft-model package
 follows the greedy-decoder example (component ``decoder``). Shape symbols: ``sequence``
 (tokens of a pass), ``past_sequence`` (cache it reads), ``total_sequence`` (cache it returns,

@@ -1,8 +1,8 @@
 """onnxruntime-genai model folders: ``genai_config.json`` + the builder's ``model.onnx``.
 
 The graph is copied as it is (with its external data) and described by a greedy-decoder
-document (metadata.md §8.1) whose ports are the graph's own IO, as ``genai_config.json``
-names them::
+document (docs/design/spec/metadata.md §8.1) whose ports are the graph's own IO, as
+``genai_config.json`` names them::
 
     input_ids [batch, sequence]   attention_mask [batch, total_sequence]
     (position_ids [batch, sequence], where the graph has it)
