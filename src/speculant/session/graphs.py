@@ -1,42 +1,6 @@
-"""CUDA graph capture of pass plans (issue 12 item 3): ONNX Runtime's ``enable_cuda_graph``.
-
-**The API, end to end.**
-
-* ``speculant.load(path, device="cuda", cuda_graphs="auto" | True | False)``; the engine
-  resolves the setting once (:func:`decide`) and hands each :class:`ComponentSession` a
-  :class:`GraphDecision`. ``"auto"`` (the default) is on where the package has static caches
-  (a state group with ``update.kind: indexed_scatter``: every pass of one width has one shape)
-  and the device is CUDA; ``True`` asks for capture on CUDA whatever the caches (a CPU device
-  or host-bound outputs are then a :class:`ResidencyError`); ``False`` is eager.
-* A session that wants graphs is created with the CUDA EP option ``enable_cuda_graph=1``. ONNX
-  Runtime refuses that session where the graph cannot be captured (a node not placed on CUDA,
-  control flow); the session is then created without the option and runs eagerly, and
-  :attr:`GraphCapture.describe` says why: ``eager (ONNX Runtime refused capture: ...)``. The
-  decode's stats carry it (``DecodeStats.cuda_graphs``), so ``--stats`` shows it: never a
-  silent fallback.
-* One session serves both kinds of run: its plain ``invoke`` (a prefill of any length, a
-  pass of an appended cache) runs with run config ``gpu_graph_id = -1`` (ORT's "do not
-  capture"); each :class:`~speculant.session.plan.PassPlan` made on it gets an id of its own
-  (:meth:`GraphCapture.new_id`: 0, 1, 2, ...) and runs with that id.
-* **A plan per width is a graph per width.** A caller asks for "a plan for width n" the one
-  way it always has: ``PassPlan.prepare(session, inputs_of_width_n, shared=...)``. On a
-  capturing session the plan is graph-replayed (``plan.graph_id >= 0``); elsewhere (CPU, a
-  refused capture, ``cuda_graphs=False``, a plan with a host-bound buffer) it is the same
-  plan run eagerly (``plan.graph_id == -1``, ``plan.eager_reason`` says why). The static
-  engineer's TargetPass keeps a dict ``{width: PassPlan}`` and needs nothing else.
-* ORT's protocol: all inputs and outputs at fixed device addresses (the plan's buffers; new
-  values are copied *into* them by ``plan.write``), the first run of a graph id captures (ORT
-  runs it for its allocations, captures, then replays once, all inside that one run), later
-  runs replay. ORT keeps every captured graph for the session's life and an id is bound to
-  the addresses it captured, so ids are never reused: plans (and the buffers they bind) are
-  to be made once per engine and width, not per request; a session hands out at most
-  :data:`MAX_GRAPHS` ids, after which plans run eagerly and ``describe`` says so. A pass is
-  idempotent (the static form writes the same slots ``[L, L + n)`` from
-  the same inputs), so ORT's extra runs inside the capture change nothing.
-
-**Counters** (the seam's :class:`~speculant.tensors.backend.ResidencyCounters`, which every
-decode's stats snapshot): ``graph_captures`` (first runs of a graph id) and ``graph_replays``
-(every later run of one).
+"""CUDA graph capture of pass plans: ONNX Runtime's ``enable_cuda_graph``, decided once
+per engine (:func:`decide`), a graph id per plan, never reused; a refused capture runs
+eagerly and says why (docs/design/session.md, "CUDA graphs").
 """
 
 from __future__ import annotations

@@ -1,49 +1,8 @@
 """A pass plan: one component at one fixed set of shapes, its IO binding prepared once.
 
-`ComponentSession.invoke` binds every input and output afresh on each call, checks the
-contracts and adopts the outputs. A `PassPlan` does that work once, when it is made, for one
-block width (one set of input shapes); a pass then writes only the few values that change
-(token ids, positions, lengths) into the plan's own buffers and runs:
-
-    plan = PassPlan.prepare(session, inputs)       # inputs: port -> Value, the first pass's
-    plan.inputs["input_ids"]                       # the owned buffer bound to that port
-    plan.write("input_ids", np.array([[7, 8, 9]]))  # same shape and dtype as the buffer
-    outputs = plan.run()                           # port -> Value: the plan's output buffers
-
-What making the plan does:
-
-1. runs the component once through ``session.invoke(inputs, outputs)`` (invocation-scope
-   contract checks of every input and output, ONNX Runtime allocating the outputs): the
-   outputs' shapes, so every later run is known to satisfy the contracts;
-2. allocates one owned buffer per input (on the component's execution device; a copy of the
-   given value) and per output (on the session's output residency), through the seam;
-3. binds them all into one IO binding kept for the plan's life (device buffers by pointer,
-   host buffers as the numpy arrays ONNX Runtime reads in place at each run).
-
-``shared={"present.0.key": "past_key_values.0.key", ...}`` binds an output into the buffer
-of an input of the same shape and dtype instead of a buffer of its own: a static cache whose
-pass writes its block in place (ONNX Runtime's GroupQueryAttention with past and present
-sharing one buffer, an indexed scatter). Only for graphs written for it: ONNX Runtime does
-not check that a kernel tolerates the alias.
-
-A run then is ORT's ``run_with_iobinding`` on that binding: no binding, no contract check, no
-output adoption. :meth:`PassPlan.write` checks only that the new value has the buffer's shape
-and dtype (which is what keeps the plan-time check valid) and copies it in through the seam
-(on a device: a host value is adopted first, an upload). Outputs are the plan's buffers:
-each run overwrites them, so a caller keeps what it needs before the next run. A pass of
-another width needs a plan of its own (a dict of plans by width). With appended caches the
-past's extent grows every pass, so a plan pays off where shapes repeat: fixed-capacity
-caches, or a component whose inputs are fixed per width. The observers of the session are
-told of each run, as of an invocation.
-
-**CUDA graphs** (``session/graphs.py``): on a session created for capture each plan gets a
-``gpu_graph_id`` of its own (``plan.graph_id``); its first run captures the graph (counted in
-the seam's ``graph_captures``), every later run replays it (``graph_replays``). Elsewhere,
-or where a buffer of the plan lives off the session's device (a zero-size buffer is a host
-value), ``graph_id`` is -1 and
-``plan.eager_reason`` says why. A plan per width is thus a graph per width. A captured plan
-replays **overlapped** (``plan.is_overlapped``, unless the session says ``overlap=False``): the
-run returns once its replay is queued, and the next read-back on the shared stream waits.
+Made once per width (the first run checks every contract; later runs write only the values
+that change and run); a captured plan is a CUDA graph per width. How and why:
+docs/design/session.md, "Pass plans".
 """
 
 from __future__ import annotations

@@ -2,35 +2,8 @@
 
 Importing this module never imports CuPy; constructing :class:`CudaBackend` does, and raises
 :class:`~speculant.errors.ResidencyError` naming what to install when CuPy, a GPU or the
-ordinal is missing. It implements :class:`~speculant.tensors.backend.Backend`, whose reference is
-:class:`~speculant.tensors.host.HostBackend`. The seam (:mod:`speculant.tensors.seam`) validates
-every argument before a method here runs, so these methods only compute.
-
-**Streams.** One non-blocking CuPy stream per device, shared by every backend in the process
-(two seams on one device stay ordered with each other); every kernel and copy below is issued
-under ``with Device(N), stream:``. ``stream.ptr`` is the handle CUDA sessions share
-(:meth:`CudaBackend.compute_stream`; ``session/binding.py`` passes it to ONNX Runtime as
-``user_compute_stream``), so provider kernels and seam work run in issue order. In
-``ordering="fence"`` mode (for when that option is unavailable) every write batch ends with
-``stream.synchronize()``, counted in ``counters.fences``; a write outside
-:meth:`CudaBackend.write_batch` is a batch of its own.
-Writes are: strided window copies, gathers, scatters, ``zeros``, uploads and peer copies.
-``argmax`` is not: its result is only ever read back by :meth:`download`, which waits for the
-stream, or, ``after`` a mark, a second (reader) stream waits for that event alone.
-
-**Counting allocator.** Every buffer speculant owns is allocated here, by
-:meth:`CudaBackend._allocate`: a block from ``cupy.cuda.alloc`` (CuPy's current allocator,
-normally its stream-aware pool, so it is reused in stream order) is re-wrapped as
-``cupy.cuda.UnownedMemory`` whose owner is a small ``_Allocation`` record, and
-``weakref.finalize`` on that record takes the buffer off ``live_device_allocations`` /
-``live_device_bytes`` when the last array or view over it is gone (the pooled block goes back
-to the pool at the same moment). This counts exactly the speculant-owned buffers that are
-alive (``set_allocator`` and ``MemoryHook`` are process-wide: they would count temporaries
-and other users' arrays). Memory wrapped without a copy (:meth:`CudaBackend.wrap`,
-``owned=False``: ORT's outputs) is its owner's and not counted, nor are CuPy's free blocks.
-
-**bfloat16** is stored as ``uint16`` words; only ``argmax`` and the sampling operations
-interpret it, through ``sampling.widen_bfloat16`` (the 16 bits in the top half of a float32).
+ordinal is missing. The seam validates every argument first, so these methods only compute.
+Its streams, counting allocator and bfloat16 words: docs/design/tensors.md, "The CUDA backend".
 """
 
 from __future__ import annotations
