@@ -76,10 +76,12 @@ def test_a_stop_with_a_pass_in_flight_leaves_the_state_exact(pairs, greedy):
 
 
 def test_target_passes_are_timed_without_waiting_and_the_times_are_the_work(pairs):
-    """The auto-k costs observe every target pass by events around its replay; asked after
+    """k="auto"'s costs observe target passes by events around their replay; asked after
     the decode, each is a positive time below the decode's own wall clock."""
     engine = speculant.load(pairs["static"], device="cuda")
     costs = engine.proposer_sources.costs
+    target = engine.sessions[engine.package.plan.target]
+    target.observers.append(costs.verify_observer(target.ports.roles))  # as k="auto" does
     result = engine.generate(PROMPT, NEW, stop_on_eos=False)
     assert costs.unsettled  # observed, not asked: asking at once would wait for the replay
     calls = [call for _, call in costs.unsettled]

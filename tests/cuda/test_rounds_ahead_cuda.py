@@ -48,9 +48,10 @@ def test_queued_rounds_equal_rounds_one_at_a_time(demo_static, k, graphs, unroll
     assert got.stats.rollback_bytes_moved == 0
     if graphs:
         assert got.stats.residency["graph_replays"] > 0
-    if unroll:  # one run per proposal, and with graphs k=auto's ahead of the first round:
-        # each depth run until captured, then timed once (speculative/auto_k.py)
-        ahead = (CAPTURE_RUNS + 1) * engine.proposer.max_k if graphs and k == "auto" else 0
+    if unroll:  # one run per proposal, and with graphs the warm-up's before the first round:
+        # each width the policy may choose run until captured (k="auto": then timed once)
+        ahead = ((CAPTURE_RUNS + 1) * engine.proposer.max_k if k == "auto" else CAPTURE_RUNS) \
+            if graphs else 0
         chains = engine.proposer._chain_sessions
         assert sum(session.num_invocations for session in chains.values()) == \
             got.stats.rounds + ahead

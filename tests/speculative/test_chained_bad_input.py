@@ -7,6 +7,8 @@ cases are reached by monkeypatching what a pass or the chain holds.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from chain_helpers import PROBE_PROMPT
@@ -181,10 +183,9 @@ def test_token_outside_the_embedding_table(pair_engine, monkeypatch):
 def _patch_latest_seed(monkeypatch, engine, make_seed) -> None:
     run = engine.target.run
 
-    def run_with_seed(*args):
-        vp = run(*args)
-        vp.seed = make_seed(vp.seed)
-        return vp
+    def run_with_seed(*args, **kwargs):
+        vp = run(*args, **kwargs)
+        return dataclasses.replace(vp, seed=make_seed(vp.seed))
 
     monkeypatch.setattr(engine.target, "run", run_with_seed)
 

@@ -205,8 +205,8 @@ class ChainedProposer:
             return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
         return Proposal(drafts, probs, num_invocations=k + 1, num_scored_rows=k)
 
-    def capture_widths(self, state: DecodeState, max_k: int) -> None:
-        """Static caches: every plan a proposal of ``1 … max_k`` drafts runs, run until
+    def capture_widths(self, state: DecodeState, widths: list[int]) -> None:
+        """Static caches: every plan a proposal of each of ``widths`` drafts runs, run until
         captured (their runs write only the chain's own buffers, rewritten by the next
         proposal)."""
         cells = state.cells
@@ -215,7 +215,7 @@ class ChainedProposer:
         last, carry_0 = self._chain_context(state)
         steps = self._planned(state, cells, last, carry_0)
         plans: dict[int, PassPlan] = {}  # id -> plan: the step plans are shared by widths
-        for k in range(1, max_k + 1):
+        for k in widths:
             unrolled = self._unrolled(k + 1) if state.sampler is None else None
             for plan in [steps.chain_plan(k + 1, unrolled)] if unrolled is not None else \
                     [steps.plan(j) for j in range(k + 1)]:

@@ -86,7 +86,7 @@ def warm_up(state: DecodeState, target: TargetPass, proposer: Proposer | None,
     if proposer is None or not drafted or (capture := getattr(proposer, "capture_widths",
                                                               None)) is None:
         return
-    capture(state, max(drafted))
+    capture(state, drafted)
     timed = getattr(policy, "timed_warm_up", None)
     for k in drafted if timed is not None and state.sampler is None else ():  # draws none
         started = time.perf_counter()
