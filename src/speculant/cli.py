@@ -12,7 +12,7 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, entry_points
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -34,8 +34,14 @@ stderr = Console(stderr=True, soft_wrap=True)
 DEFAULT_PACKAGE = "smollm2"
 
 
-def fail(error: SpeculantError) -> None:
+def print_error(error: SpeculantError) -> None:
+    """The one line a refused input becomes on stderr: the error's class and message."""
     stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}", highlight=False)
+
+
+def fail(error: SpeculantError) -> NoReturn:
+    """Print ``error`` and exit 2, as every command does on bad input."""
+    print_error(error)
     raise typer.Exit(2)
 
 
@@ -160,7 +166,6 @@ def generate(
         result = pieces.result
     except SpeculantError as error:
         fail(error)
-        return
     if as_json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
                           "finish_reason": result.finish_reason,
@@ -202,7 +207,6 @@ def chat(
         engine.admit(engine.render_chat([{"role": "user", "content": "hi"}]), options)
     except SpeculantError as error:
         fail(error)
-        return
     opening = [{"role": "system", "content": system}] if system else []
     messages, last = list(opening), None
     stderr.print("/stats, /reset, /exit", highlight=False)
@@ -232,8 +236,7 @@ def chat(
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except SpeculantError as error:
-            stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}",
-                         highlight=False)
+            print_error(error)
             continue
         sys.stdout.write("\n")
         last = pieces.result
@@ -311,7 +314,6 @@ def inspect(
             document, unsupported = load(target).package.document, []
     except SpeculantError as error:
         fail(error)
-        return
     summary = summarize(document)
     summary["unsupported"] = [f"{p.path}: {p.message}" for p in unsupported]
     if as_json:
@@ -364,8 +366,7 @@ def main() -> None:
     try:
         full_app()(prog_name="speculant")
     except SpeculantError as error:
-        stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}",
-                     highlight=False)
+        print_error(error)
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # outside click's own handling (plugin imports)
         raise SystemExit(130) from None

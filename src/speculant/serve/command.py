@@ -88,7 +88,6 @@ def serve(
         app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)
     except SpeculantError as error:
         fail(error)
-        return
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
