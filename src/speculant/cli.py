@@ -22,7 +22,7 @@ from rich.table import Table
 
 from speculant.errors import SpeculantError
 from speculant.speculative.kinds import AUTO, KINDS
-from speculant.workflow.options import DEFAULTS
+from speculant.workflow.options import DEFAULTS, parse_width
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Speculative decoding for ONNX inference packages.")
@@ -110,9 +110,8 @@ def options_of(max_new_tokens: int, speculative: bool, proposer: str | None,
 
     if proposer is None and draft is not None:
         proposer = "draft"  # --draft PATH alone: decode with that draft model
-    if isinstance(k, str) and k.strip().isdigit():
-        k = int(k)  # --k 4; anything but a number or "auto" is refused by the options
-    return GenerationOptions.of(max_new_tokens=max_new_tokens, proposer=proposer, k=k,
+    return GenerationOptions.of(max_new_tokens=max_new_tokens, proposer=proposer,
+                                k=parse_width(k, is_text=True),
                                 temperature=temperature, top_k=top_k, top_p=top_p,
                                 min_p=min_p, seed=seed, stop=tuple(stop or ()),
                                 speculative=speculative)

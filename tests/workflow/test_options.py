@@ -10,7 +10,7 @@ import pytest
 
 import speculant
 from speculant import GenerationOptions, RequestError
-from speculant.workflow.options import DEFAULTS
+from speculant.workflow.options import DEFAULTS, parse_width
 
 BAD_FIELDS = [
     ("max_new_tokens", math.nan), ("max_new_tokens", 2.5), ("max_new_tokens", "8"),
@@ -111,6 +111,23 @@ def test_the_cli_takes_its_defaults_from_the_options():
     for name in ("max_new_tokens", "proposer", "k", "temperature", "top_k", "top_p", "min_p",
                  "seed"):
         assert defaults[name] == getattr(DEFAULTS, name), name
+
+
+@pytest.mark.parametrize(("text", "value"), [("four", "four"), ("4.5", "4.5"), ("-1", "-1"),
+                                            ("", ""), ("Auto", "Auto"), ("0", 0)])
+def test_a_bad_width_from_the_command_line_is_a_request_error_naming_k(text, value):
+    with pytest.raises(RequestError) as caught:
+        parse_width(text, is_text=True)
+    problem = caught.value.problems[0]
+    assert (problem.path, problem.value) == ("k", value)
+    assert problem.expected in ("'auto', None or an int >= 1", ">= 1")
+
+
+def test_parse_width_forms():
+    assert [parse_width(v) for v in (None, "auto", 1, np.int64(7))] == [None, "auto", 1, 7]
+    assert [parse_width(t, is_text=True) for t in ("auto", "3", " 12 ")] == ["auto", 3, 12]
+    with pytest.raises(RequestError, match="k = '4' is not a width"):
+        parse_width("4")  # the API takes numbers, not digits
 
 
 def test_the_api_and_the_cli_agree_on_the_default_k(tmp_path):

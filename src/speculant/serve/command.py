@@ -67,9 +67,10 @@ def serve(
                                      param_hint="--proposer")
         require("serve")
         from speculant import GenerationOptions
+        from speculant.workflow.options import parse_width
 
-        k_value: str | int = int(k) if k.strip().isdigit() else k  # "auto", or refused below
-        defaults = GenerationOptions(max_new_tokens=max_tokens, proposer=proposer, k=k_value,
+        defaults = GenerationOptions(max_new_tokens=max_tokens, proposer=proposer,
+                                     k=parse_width(k, is_text=True),
                                      temperature=temperature, top_p=top_p, seed=seed)
         name = model_name or _model_name(package)
         if ray:

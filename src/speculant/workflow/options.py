@@ -12,6 +12,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Literal
 
 from speculant.errors import RequestError
 
@@ -77,7 +78,7 @@ class GenerationOptions:
         return GenerationOptions(
             max_new_tokens=_integer("max_new_tokens", self.max_new_tokens, low=1),
             proposer=_optional_name("proposer", self.proposer),
-            k=_width(self.k),
+            k=parse_width(self.k),
             temperature=_real("temperature", self.temperature, low=0.0),
             top_p=_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True),
             top_k=_integer("top_k", self.top_k, low=0),
@@ -156,9 +157,14 @@ def _real(name: str, value: object, *, low: float, high: float | None = None,
     return number
 
 
-def _width(value: object) -> int | str | None:
+def parse_width(value: object, *, is_text: bool = False) -> int | Literal["auto"] | None:
+    """``k``, drafts per round: an int >= 1, ``"auto"`` (picked each round) or None (the
+    proposer kind's default). ``is_text``: ``value`` is command-line text, where a number
+    comes as digits. Anything else is a :class:`RequestError` naming ``k``."""
     if value is None or (isinstance(value, str) and value == "auto"):
-        return value
+        return value  # type: ignore[return-value]
+    if is_text and isinstance(value, str) and value.strip().isdecimal():
+        value = int(value)
     if isinstance(value, str):
         raise RequestError(f"k = {value!r} is not a width", path="k", value=value,
                            expected="'auto', None or an int >= 1")
