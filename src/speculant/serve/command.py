@@ -6,29 +6,21 @@ from typing import Annotated, Any
 
 import typer
 
-from speculant.cli import (
-    DEFAULT_PACKAGE,
-    REQUEST_OPTIONS,
-    Device,
-    Threads,
-    fail,
-    generation_options,
-    options_of,
-)
+from speculant import cli
 from speculant.errors import SpeculantError
 from speculant.serve import load_engine, require
 from speculant.serve.schemas import PROPOSERS
 from speculant.speculative.kinds import AUTO
 
 
-@generation_options(*REQUEST_OPTIONS, "stop", flags={"max_new_tokens": ("--max-tokens",)})
+@cli.generation_options(*cli.REQUEST_OPTIONS, "stop", flags={"max_new_tokens": ("--max-tokens",)})
 def serve(
     package: Annotated[str, typer.Argument(help="Package folder or built-in name.")] = \
-        DEFAULT_PACKAGE,
+        cli.DEFAULT_PACKAGE,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    device: Device = "cpu",
-    threads: Threads = None,
+    device: cli.Device = "cpu",
+    threads: cli.Threads = None,
     draft: Annotated[str | None, typer.Option(help="Draft-model package, for "
                                                    "proposer=draft.")] = None,
     model_name: Annotated[str | None, typer.Option(help="The model id clients send "
@@ -54,7 +46,7 @@ def serve(
             raise typer.BadParameter(f"{proposer!r} is not one of {', '.join(PROPOSERS)} or "
                                      f"{AUTO}", param_hint="--proposer")
         require("serve")
-        defaults = options_of(fields)
+        defaults = cli.options_of(fields)
         name = model_name or _model_name(package)
         if ray:
             require("ray")
@@ -71,7 +63,7 @@ def serve(
         engine = load_engine(package, device=device, draft=draft, threads=threads)
         app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)
     except SpeculantError as error:
-        fail(error)
+        cli.fail(error)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
