@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import fields
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, entry_points
 from importlib.metadata import version as package_version
+from inspect import Parameter, signature
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn, get_type_hints
 
 import typer
 from rich.console import Console
@@ -22,7 +25,7 @@ from rich.table import Table
 
 from speculant.errors import SpeculantError
 from speculant.speculative.kinds import AUTO, KINDS
-from speculant.workflow.options import DEFAULTS
+from speculant.workflow.options import DEFAULTS, GenerationOptions, parse_width
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Speculative decoding for ONNX inference packages.")
@@ -34,8 +37,14 @@ stderr = Console(stderr=True, soft_wrap=True)
 DEFAULT_PACKAGE = "smollm2"
 
 
-def fail(error: SpeculantError) -> None:
+def print_error(error: SpeculantError) -> None:
+    """The one line a refused input becomes on stderr: the error's class and message."""
     stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}", highlight=False)
+
+
+def fail(error: SpeculantError) -> NoReturn:
+    """Print ``error`` and exit 2, as every command does on bad input."""
+    print_error(error)
     raise typer.Exit(2)
 
 
@@ -45,29 +54,41 @@ PROPOSER_HELP = ("Proposer: " + ", ".join(f"{kind.name} ({kind.help})" for kind 
 
 PackageArg = Annotated[Path | None, typer.Argument(help="Package folder or built-in name: "
                                                         "smollm2 (the default), demo.")]
-MaxNewTokens = Annotated[int, typer.Option(help="Tokens to generate at most.")]
 Speculative = Annotated[bool, typer.Option(help="Speculate with the declared chained proposer "
                                                 "(= --proposer chained).")]
-ProposerOpt = Annotated[str | None, typer.Option(help=PROPOSER_HELP)]
 DraftOpt = Annotated[Path | None, typer.Option(help="Draft-model package (a greedy decoder with "
                                                     "the target's vocabulary); implies "
                                                     "--proposer draft.")]
-KOpt = Annotated[str, typer.Option(help="Drafts per round: auto (picked each round from the "
-                                         "measured acceptance and pass costs, up to the "
-                                         "proposer kind's bound) or a number.")]
-Temperature = Annotated[float, typer.Option(help="0: greedy; above 0: sample (the output "
-                                                 "follows the target's distribution).")]
-TopK = Annotated[int, typer.Option(help="Sample among the k most probable ids (0: all).")]
-TopP = Annotated[float, typer.Option(help="Sample within the smallest set of ids of this "
-                                          "mass.")]
-MinP = Annotated[float, typer.Option(help="Drop ids below this fraction of the most probable "
-                                          "one's probability.")]
-Seed = Annotated[int, typer.Option(help="Seed of the request's sampling generator.")]
 Device = Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")]
 Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads per session "
                                                   "(default: ORT's, one per physical core).")]
-StopOpt = Annotated[list[str] | None, typer.Option(help="Stop string (repeatable); the text "
-                                                        "ends before it.")]
+
+# The fields of GenerationOptions a request command offers, and typer's type for those whose
+# own type it cannot take (a union, a tuple of any length).
+REQUEST_OPTIONS = ("max_new_tokens", "proposer", "k", "temperature", "top_k", "top_p", "min_p",
+                   "seed")
+OPTION_TYPES = {"k": str, "stop": list[str]}
+OPTION_HELP = {f.name: f.metadata.get("help") for f in fields(GenerationOptions)} | {
+    "proposer": PROPOSER_HELP}
+
+
+def generation_options(*names: str, flags: Mapping[str, tuple[str, ...]] | None = None
+                       ) -> Callable:
+    """Give a typer command an option for each field ``names`` of :class:`GenerationOptions`,
+    defaulting to :data:`DEFAULTS` with the field's help (``flags`` renames an option); the
+    command receives them in its ``**fields``, for :func:`options_of`."""
+    hints, renamed = get_type_hints(GenerationOptions), flags or {}
+    added = [Parameter(name, Parameter.KEYWORD_ONLY, default=getattr(DEFAULTS, name),
+                       annotation=Annotated[OPTION_TYPES.get(name, hints[name]), typer.Option(
+                           *renamed.get(name, ()), help=OPTION_HELP[name])])
+             for name in names]
+
+    def add_options(command: Callable) -> Callable:
+        declared = signature(command, eval_str=True)
+        own = [p for p in declared.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        command.__signature__ = declared.replace(parameters=[*own, *added])  # type: ignore
+        return command
+    return add_options
 
 
 def version_callback(is_asked: bool) -> None:
@@ -97,19 +118,15 @@ def load_engine(package: Path | None, device: str, draft: Path | None, threads: 
         return load(package or DEFAULT_PACKAGE, device=device, draft=draft, threads=threads)
 
 
-def options_of(max_new_tokens: int, speculative: bool, proposer: str | None,
-               draft: Path | None, k: str | int | None, temperature: float, top_k: int,
-               top_p: float, min_p: float, seed: int, stop: list[str] | None):
-    from speculant.workflow.options import GenerationOptions
-
-    if proposer is None and draft is not None:
-        proposer = "draft"  # --draft PATH alone: decode with that draft model
-    if isinstance(k, str) and k.strip().isdigit():
-        k = int(k)  # --k 4; anything but a number or "auto" is refused by the options
-    return GenerationOptions.of(max_new_tokens=max_new_tokens, proposer=proposer, k=k,
-                                temperature=temperature, top_k=top_k, top_p=top_p,
-                                min_p=min_p, seed=seed, stop=tuple(stop or ()),
-                                speculative=speculative)
+def options_of(fields: Mapping[str, Any], *, speculative: bool = False,
+               draft: object = None) -> GenerationOptions:
+    """The options a command line asks for: ``fields`` as :func:`generation_options` gives
+    them (``k`` as text, ``stop`` as a list); ``--draft`` alone decodes with that draft."""
+    chosen = {**fields, "k": parse_width(fields["k"], is_text=True),
+              "stop": tuple(fields.get("stop") or ())}
+    if chosen["proposer"] is None and draft is not None:
+        chosen["proposer"] = "draft"
+    return GenerationOptions.of(**chosen, speculative=speculative)
 
 
 def read_prompt(prompt: str) -> str:
@@ -118,35 +135,27 @@ def read_prompt(prompt: str) -> str:
 
 
 @app.command()
+@generation_options(*REQUEST_OPTIONS, "stop")
 def generate(
     package: PackageArg = None,
     prompt: Annotated[str, typer.Option(help="Prompt text; - reads standard input.")] =
         DEFAULT_PROMPT,
     chat: Annotated[bool, typer.Option(help="Send the prompt as one user message through the "
                                             "package's chat template.")] = False,
-    max_new_tokens: MaxNewTokens = DEFAULTS.max_new_tokens,
     speculative: Speculative = False,
-    proposer: ProposerOpt = DEFAULTS.proposer,
     draft: DraftOpt = None,
-    k: KOpt = DEFAULTS.k,
-    temperature: Temperature = DEFAULTS.temperature,
-    top_k: TopK = DEFAULTS.top_k,
-    top_p: TopP = DEFAULTS.top_p,
-    min_p: MinP = DEFAULTS.min_p,
-    seed: Seed = DEFAULTS.seed,
     device: Device = "cpu",
     threads: Threads = None,
-    stop: StopOpt = None,
     echo: Annotated[bool, typer.Option(help="Write the prompt before the text.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print text, token ids and stats as "
                                                          "one JSON object.")] = False,
     stats: Annotated[bool, typer.Option(help="Print acceptance figures and counters to "
                                              "stderr.")] = False,
+    **fields: Any,
 ) -> None:
     """Generate text, streaming it to stdout; a summary line goes to stderr."""
     try:
-        options = options_of(max_new_tokens, speculative, proposer, draft, k, temperature,
-                             top_k, top_p, min_p, seed, stop)
+        options = options_of(fields, speculative=speculative, draft=draft)
         engine = load_engine(package, device, draft, threads)
         text = read_prompt(prompt)
         pieces = (engine.chat_stream([{"role": "user", "content": text}], options) if chat
@@ -160,7 +169,6 @@ def generate(
         result = pieces.result
     except SpeculantError as error:
         fail(error)
-        return
     if as_json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
                           "finish_reason": result.finish_reason,
@@ -175,34 +183,26 @@ def generate(
 
 
 @app.command()
+@generation_options(*REQUEST_OPTIONS)
 def chat(
     package: PackageArg = None,
     system: Annotated[str | None, typer.Option(help="A system message that opens the "
                                                     "conversation.")] = None,
-    max_new_tokens: MaxNewTokens = DEFAULTS.max_new_tokens,
     speculative: Speculative = False,
-    proposer: ProposerOpt = DEFAULTS.proposer,
     draft: DraftOpt = None,
-    k: KOpt = DEFAULTS.k,
-    temperature: Temperature = DEFAULTS.temperature,
-    top_k: TopK = DEFAULTS.top_k,
-    top_p: TopP = DEFAULTS.top_p,
-    min_p: MinP = DEFAULTS.min_p,
-    seed: Seed = DEFAULTS.seed,
     device: Device = "cpu",
     threads: Threads = None,
+    **fields: Any,
 ) -> None:
     """Talk with the package's model: each answer streams; /stats shows the last answer's
     statistics, /reset starts over, /exit (or end of input) leaves."""
     try:
-        options = options_of(max_new_tokens, speculative, proposer, draft, k, temperature,
-                             top_k, top_p, min_p, seed, None)
+        options = options_of(fields, speculative=speculative, draft=draft)
         engine = load_engine(package, device, draft, threads)
         # no template, or options the engine refuses: refused now, before the first turn
         engine.admit(engine.render_chat([{"role": "user", "content": "hi"}]), options)
     except SpeculantError as error:
         fail(error)
-        return
     opening = [{"role": "system", "content": system}] if system else []
     messages, last = list(opening), None
     stderr.print("/stats, /reset, /exit", highlight=False)
@@ -232,8 +232,7 @@ def chat(
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except SpeculantError as error:
-            stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}",
-                         highlight=False)
+            print_error(error)
             continue
         sys.stdout.write("\n")
         last = pieces.result
@@ -311,7 +310,6 @@ def inspect(
             document, unsupported = load(target).package.document, []
     except SpeculantError as error:
         fail(error)
-        return
     summary = summarize(document)
     summary["unsupported"] = [f"{p.path}: {p.message}" for p in unsupported]
     if as_json:
@@ -364,8 +362,7 @@ def main() -> None:
     try:
         full_app()(prog_name="speculant")
     except SpeculantError as error:
-        stderr.print(f"[bold red]{type(error).__name__}[/]: {escape(str(error))}",
-                     highlight=False)
+        print_error(error)
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # outside click's own handling (plugin imports)
         raise SystemExit(130) from None

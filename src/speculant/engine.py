@@ -33,8 +33,7 @@ from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.width import WidthPolicy
-from speculant.tensors import HOST
-from speculant.tensors.devices import make_seam, residency_for_device
+from speculant.tensors import HOST, Residency, make_seam
 from speculant.text.chat import ChatTemplate, load_chat_template
 from speculant.text.tokenizer import tokenizer_for
 from speculant.workflow.cells import StaticPool
@@ -75,7 +74,7 @@ class Engine:
         chained proposal on static caches is one run of the step graph unrolled k + 1 times
         (chain_graph.chain_component)."""
         self.package = package
-        self.device = residency_for_device(device)
+        self.device = str(Residency.parse(device))
         self.seam = make_seam(self.device, ordering=ordering)
         plan, wf = package.plan, package.document.workflow
         graphs = decide(cuda_graphs, self.device, outputs_on_host=outputs_on_host,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 MAX_VALUE_CHARS = 160  # the longest rendering of an offending value
 MAX_PROBLEM_CHARS = 1000  # the longest rendering of one problem
 MAX_PROBLEMS_SHOWN = 12  # problems listed in an error's message; .problems holds all
+INSTALL_CUDA = "pip install 'speculant[cuda]'"  # the remedy of every missing CUDA build
 
 
 class _BoundedRepr(reprlib.Repr):

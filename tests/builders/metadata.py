@@ -13,6 +13,7 @@ from typing import Any
 
 from builders import definition as fx
 from builders.graphs import BORROWED_KEY, BORROWED_VALUE, TABLE_NAME
+from speculant_tools.export.metadata import chained_section
 from speculant_tools.writing import CAPABILITIES, contract, opaque_input
 
 
@@ -206,9 +207,6 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
         "roles": {"inputs_embeds": "inputs_embeds", "position_ids": "position_ids",
                   "attention_mask": "attention_mask", "logits": "logits"}}
     cache_source = "target.present" if borrowed_binding == "present" else "request.past"
-    token_embedding: dict[str, Any] = {"component": "target", "table": TABLE_NAME}
-    if declare_scale:
-        token_embedding["scale"] = fx.EMBEDDING_SCALE
     return {
         "schema_version": "v1",
         "model": {"vocab_size": fx.VOCAB_SIZE, "max_sequence_length": spec.max_context},
@@ -247,20 +245,10 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
                     "kv.value": {"input": BORROWED_VALUE, "access": "read_only",
                                  "role": "value"}}}, rollback_positions),
         }},
-        "speculative": {
-            "proposer": "assistant", "target": "target",
-            "vocabulary": {"kind": "identical"} if spec.proposer_vocab_size is None else
-            {"kind": "subset", "proposer_vocab_size": spec.proposer_vocab_size},
-            "max_proposal_width": max_proposal_width,
-            "distribution_preserving": distribution_preserving,
-            "proposal_execution": {
-                "kind": "chained", "token_embedding_input": "inputs_embeds",
-                "logits_output": "logits", "folded_carry_output": "projected_state",
-                "folded_carry_seed": {"component": "target", "output": "hidden_states"},
-                "token_embedding": token_embedding},
-            "port_bindings": {"target_hidden_context": "inputs_embeds"},
-            "shared_state": ["attention"],
-            "rollback_state": ["kv.key", "kv.value"],
-        },
+        "speculative": chained_section(
+            proposer_vocab_size=spec.proposer_vocab_size,
+            max_proposal_width=max_proposal_width, rollback_state=["kv.key", "kv.value"],
+            scale=fx.EMBEDDING_SCALE if declare_scale else None, table=TABLE_NAME,
+            distribution_preserving=distribution_preserving),
         "generation": {"defaults": {"do_sample": False}},
     }

@@ -23,7 +23,7 @@ from speculant.dtypes import DTYPES as DTYPE_TABLE
 from speculant.dtypes import dtype_of_onnx, dtype_of_ort
 from speculant.errors import ContractError, ResidencyError
 from speculant.session.binding import adopt_output, ort_value_dtype
-from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value, make_seam
+from speculant.tensors import HOST, NUMPY_DTYPES, Residency, TensorSeam, Value, make_seam
 from speculant.tensors.sampling import widen_bfloat16
 
 DTYPES = ["float32", "float16", "bfloat16", "int64", "bool"]
@@ -454,6 +454,29 @@ def test_host_counters_stay_zero(seam: TensorSeam) -> None:
     seam.adopt(v, HOST)
     assert all(count == 0 for count in seam.counters.snapshot().values())
     assert seam.ordering == "shared_stream"
+
+
+# -- Residency: the one reader of device words -------------------------------------------------
+@pytest.mark.parametrize(("text", "kind", "ordinal", "name"), [
+    ("cpu", "host", 0, "host"), ("host", "host", 0, "host"), ("cuda", "cuda", 0, "cuda:0"),
+    ("cuda:0", "cuda", 0, "cuda:0"), ("cuda:3", "cuda", 3, "cuda:3"),
+    ("cuda:07", "cuda", 7, "cuda:7")])
+def test_residency_parse(text, kind, ordinal, name) -> None:
+    residency = Residency.parse(text)
+    assert (residency.kind, residency.ordinal, str(residency)) == (kind, ordinal, name)
+    assert Residency.parse(str(residency)) == residency
+
+
+@pytest.mark.parametrize("text", ["tpu", "gpu:0", "cuda:", "cuda:-1", "cuda:x", "CUDA:0",
+                                  "cuda:0:1", "", " cpu", 0])
+def test_a_bad_residency_names_the_value_and_the_accepted_forms(text) -> None:
+    with pytest.raises(ResidencyError) as caught:
+        Residency.parse(text)
+    problem = caught.value.problems[0]
+    assert (problem.path, problem.value) == ("device", text)
+    assert problem.expected == "'cpu', 'cuda' or 'cuda:N'"
+    assert f"unknown device '{text}'" in str(caught.value)
+    assert "pip install 'speculant[cuda]'" in str(caught.value)  # the remedy
 
 
 # -- make_seam and the CUDA modules without CuPy --------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 import speculant
 from speculant import GenerationOptions, RequestError
-from speculant.workflow.options import DEFAULTS
+from speculant.workflow.options import DEFAULTS, FIELD_NAMES, parse_width
 
 BAD_FIELDS = [
     ("max_new_tokens", math.nan), ("max_new_tokens", 2.5), ("max_new_tokens", "8"),
@@ -102,15 +102,38 @@ def test_options_object_and_keywords_agree(decoder_engine):
         "def ", 12, temperature=2.0, top_k=5, seed=4).token_ids
 
 
-def test_the_cli_takes_its_defaults_from_the_options():
-    import inspect
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_the_command_line_options_default_to_the_options_fields(command):
+    """generate, chat and serve build their options from GenerationOptions' fields, so their
+    defaults cannot drift from the API's."""
+    import typer
 
-    from speculant.cli import generate
+    from speculant.cli import full_app
 
-    defaults = {name: p.default for name, p in inspect.signature(generate).parameters.items()}
-    for name in ("max_new_tokens", "proposer", "k", "temperature", "top_k", "top_p", "min_p",
-                 "seed"):
+    click_command = typer.main.get_command(full_app()).commands[command]
+    defaults = {p.name: p.default for p in click_command.params}
+    offered = FIELD_NAMES & defaults.keys()
+    assert {"max_new_tokens", "proposer", "k", "temperature", "top_k", "top_p", "min_p",
+            "seed"} <= offered
+    for name in offered:
         assert defaults[name] == getattr(DEFAULTS, name), name
+
+
+@pytest.mark.parametrize(("text", "value"), [("four", "four"), ("4.5", "4.5"), ("-1", "-1"),
+                                            ("", ""), ("Auto", "Auto"), ("0", 0)])
+def test_a_bad_width_from_the_command_line_is_a_request_error_naming_k(text, value):
+    with pytest.raises(RequestError) as caught:
+        parse_width(text, is_text=True)
+    problem = caught.value.problems[0]
+    assert (problem.path, problem.value) == ("k", value)
+    assert problem.expected in ("'auto', None or an int >= 1", ">= 1")
+
+
+def test_parse_width_forms():
+    assert [parse_width(v) for v in (None, "auto", 1, np.int64(7))] == [None, "auto", 1, 7]
+    assert [parse_width(t, is_text=True) for t in ("auto", "3", " 12 ")] == ["auto", 3, 12]
+    with pytest.raises(RequestError, match="k = '4' is not a width"):
+        parse_width("4")  # the API takes numbers, not digits
 
 
 def test_the_api_and_the_cli_agree_on_the_default_k(tmp_path):
@@ -121,9 +144,10 @@ def test_the_api_and_the_cli_agree_on_the_default_k(tmp_path):
 
     assert DEFAULTS.k == "auto"
     assert GenerationOptions.of(proposer="chained").k == "auto"
-    cli = options_of(20, True, None, None, DEFAULTS.k, 0.0, 0, 1.0, 0.0, 0, None)
+    fields = {"max_new_tokens": 20, "proposer": None, "k": DEFAULTS.k}
+    cli = options_of(fields, speculative=True)
     assert cli == GenerationOptions.of(max_new_tokens=20, speculative=True)
-    assert options_of(20, True, None, None, "3", 0.0, 0, 1.0, 0.0, 0, None).k == 3
+    assert options_of({**fields, "k": "3"}, speculative=True).k == 3
     engine = speculant.load(write_chained_package(tmp_path / "pair"))
     width = engine.package.document.speculative.max_proposal_width
     fixed = engine.generate([5, 9, 3], 20, proposer="chained", k=None)

@@ -2,50 +2,30 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from speculant.cli import DEFAULT_PACKAGE
+from speculant import cli
 from speculant.errors import SpeculantError
 from speculant.serve import load_engine, require
 from speculant.serve.schemas import PROPOSERS
+from speculant.speculative.kinds import AUTO
 
 
-def _defaults() -> dict:
-    from speculant import GenerationOptions
-
-    return {f.name: f.default for f in dataclasses.fields(GenerationOptions)}
-
-
-DEFAULTS = _defaults()
-
-
+@cli.generation_options(*cli.REQUEST_OPTIONS, "stop", flags={"max_new_tokens": ("--max-tokens",)})
 def serve(
     package: Annotated[str, typer.Argument(help="Package folder or built-in name.")] = \
-        DEFAULT_PACKAGE,
+        cli.DEFAULT_PACKAGE,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N.")] = "cpu",
-    threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads per "
-                                                     "session (default: ORT's).")] = None,
+    device: cli.Device = "cpu",
+    threads: cli.Threads = None,
     draft: Annotated[str | None, typer.Option(help="Draft-model package, for "
                                                    "proposer=draft.")] = None,
     model_name: Annotated[str | None, typer.Option(help="The model id clients send "
                                                         "(default: the package's folder "
                                                         "name).")] = None,
-    proposer: Annotated[str | None, typer.Option(help="Default proposer of requests: "
-                                                      + ", ".join(PROPOSERS) +
-                                                      " (default: plain decoding).")] = None,
-    k: Annotated[str, typer.Option(help="Default drafts per round: auto (picked each round) "
-                                        "or a number.")] = str(DEFAULTS["k"]),
-    max_tokens: Annotated[int, typer.Option(help="Default max_tokens of "
-                                                 "requests.")] = DEFAULTS["max_new_tokens"],
-    temperature: Annotated[float, typer.Option(help="Default temperature (0: "
-                                                    "greedy).")] = DEFAULTS["temperature"],
-    top_p: Annotated[float, typer.Option(help="Default top_p.")] = DEFAULTS["top_p"],
-    seed: Annotated[int, typer.Option(help="Default seed.")] = DEFAULTS["seed"],
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body "
                                                      "accepted.")] = 1 << 20,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level (info logs each "
@@ -56,21 +36,17 @@ def serve(
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster to join (with --ray; "
                                                          "default: start a local "
                                                          "one).")] = None,
+    **fields: Any,
 ) -> None:
     """Serve a package over OpenAI's HTTP API: /v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics."""
-    from speculant.cli import fail
-
+    /v1/models, /health, /metrics. The generation options are the requests' defaults."""
     try:
-        if proposer is not None and proposer not in PROPOSERS:
-            raise typer.BadParameter(f"{proposer!r} is not one of {', '.join(PROPOSERS)}",
-                                     param_hint="--proposer")
+        proposer = fields["proposer"]
+        if proposer is not None and proposer not in (*PROPOSERS, AUTO):
+            raise typer.BadParameter(f"{proposer!r} is not one of {', '.join(PROPOSERS)} or "
+                                     f"{AUTO}", param_hint="--proposer")
         require("serve")
-        from speculant import GenerationOptions
-
-        k_value: str | int = int(k) if k.strip().isdigit() else k  # "auto", or refused below
-        defaults = GenerationOptions(max_new_tokens=max_tokens, proposer=proposer, k=k_value,
-                                     temperature=temperature, top_p=top_p, seed=seed)
+        defaults = cli.options_of(fields)
         name = model_name or _model_name(package)
         if ray:
             require("ray")
@@ -87,8 +63,7 @@ def serve(
         engine = load_engine(package, device=device, draft=draft, threads=threads)
         app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)
     except SpeculantError as error:
-        fail(error)
-        return
+        cli.fail(error)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 

@@ -30,28 +30,18 @@ import numpy as np
 
 from speculant.dtypes import DTYPES, dtype_of_onnx, dtype_of_ort
 from speculant.errors import ContractError
-from speculant.tensors import HOST, Backend, Value
-
-
-def ort_place(residency: str) -> tuple[str, int]:
-    """ONNX Runtime's device kind and ordinal of ``residency``: ``host`` -> ("cpu", 0),
-    ``cuda:N`` -> ("cuda", N)."""
-    if residency == HOST:
-        return "cpu", 0
-    kind, _, ordinal = residency.partition(":")
-    if not ordinal.isdigit():
-        raise ContractError(f"residency {residency!r} is not 'host' or '<device>:<ordinal>'",
-                            value=residency, expected="'host' or e.g. 'cuda:0'")
-    return kind, int(ordinal)
+from speculant.tensors import HOST, Backend, Residency, Value
 
 
 @functools.lru_cache(maxsize=16)
-def ort_device(kind: str, ordinal: int) -> Any:
-    """ONNX Runtime's device object for ``kind`` (``"cuda"``, ``"cpu"``) ``ordinal``, made
-    once: ``IOBinding``'s Python methods make a new one per call."""
+def ort_device(residency: str) -> Any:
+    """ONNX Runtime's device object for ``residency``, made once: ``IOBinding``'s Python
+    methods make a new one per call."""
     import onnxruntime as ort
 
-    return ort.OrtDevice.make(kind, ordinal)._get_c_device()
+    place = Residency.parse(residency)
+    kind = "cpu" if place.kind == HOST else place.kind
+    return ort.OrtDevice.make(kind, place.ordinal)._get_c_device()
 
 
 def raw_binding(binding: Any) -> Any:
@@ -95,8 +85,7 @@ def bind_input(binding: Any, name: str, value: Value, backend: Backend) -> None:
     if value.residency == HOST:  # ORT uploads it when the session runs elsewhere: no read
         raw_binding(binding).bind_input(name, value.data)
     else:
-        kind, ordinal = ort_place(value.residency)
-        raw_binding(binding).bind_input(name, ort_device(kind, ordinal),
+        raw_binding(binding).bind_input(name, ort_device(value.residency),
                                         element_type("bind_input", value), list(value.shape),
                                         backend.pointer(value))
     keep_alive(binding, name, value)  # ORT reads the memory at each run
@@ -110,15 +99,14 @@ def bind_output(binding: Any, name: str, residency: str, value: Value | None = N
     owned ``value`` of the right shape on ``residency`` (and its ``backend``) the output is
     written into it, run after run.
     """
-    kind, ordinal = ort_place(residency)
     if value is None:
-        raw_binding(binding).bind_output(name, ort_device(kind, ordinal))
+        raw_binding(binding).bind_output(name, ort_device(residency))
         return
     if value.residency != residency or not value.owned or backend is None:
         raise ContractError(f"bind_output: output '{name}' can only be written into an owned "
                             f"buffer on {residency}, got {value.describe()}",
                             expected=f"a buffer from zeros(shape, dtype, '{residency}')")
-    raw_binding(binding).bind_output(name, ort_device(kind, ordinal),
+    raw_binding(binding).bind_output(name, ort_device(residency),
                                      element_type("bind_output", value), list(value.shape),
                                      backend.pointer(value))
     keep_alive(binding, name, value)
@@ -151,7 +139,7 @@ def adopt_output(ort_value: Any, residency: str, backend: Backend,
         array = np.ascontiguousarray(ort_value.numpy())
         return Value(array, HOST, dtype or ort_value_dtype(ort_value), owner=ort_value,
                      owned=False)
-    kind, _ = ort_place(residency)
+    kind = Residency.parse(residency).kind
     device = ort_value.device_name().lower()
     if device != kind:
         raise ContractError(f"adopt_output: the output lives on '{device}', not on {kind}",

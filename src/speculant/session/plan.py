@@ -84,7 +84,7 @@ class PassPlan:
         with seam.write_batch():
             for port, value in inputs.items():
                 buffer = seam.zeros(value.shape, value.dtype, session.device)
-                buffers[port] = cls._fill(session, port, buffer, value)
+                buffers[port] = cls.copy_into(session, port, buffer, value)
             targets = {port: buffers[shared[port]] if port in shared else
                        seam.zeros(value.shape, value.dtype, session.output_residency)
                        for port, value in produced.items()}
@@ -126,7 +126,7 @@ class PassPlan:
                 f"{list(buffer.shape)} {buffer.dtype}, got {got}", path=port,
                 value=source.shape, expected=f"{list(buffer.shape)} {buffer.dtype} (a plan "
                 "of this width; another width needs its own plan)")
-        self._fill(self.session, port, buffer, value)
+        self.copy_into(self.session, port, buffer, value)
 
     def run(self) -> dict[str, Value]:
         """Run the component on the buffers as they are now; the output buffers, rewritten."""
@@ -171,7 +171,7 @@ class PassPlan:
         return self.graph_id != EAGER_ID and self.num_runs < CAPTURE_RUNS
 
     @staticmethod
-    def _fill(session: ComponentSession, port: str, buffer: Value, value: Value) -> Value:
+    def copy_into(session: ComponentSession, port: str, buffer: Value, value: Value) -> Value:
         """Copy ``value`` into ``buffer`` (same shape and dtype) where the buffer lives."""
         if buffer.size == 0:
             return buffer

@@ -33,7 +33,7 @@ except ImportError:  # neither flavour installed: refused with a typed error at 
     ort = None
 
 from speculant.dtypes import dtype_of_ort
-from speculant.errors import AdmissionError, ContractError, ResidencyError
+from speculant.errors import INSTALL_CUDA, AdmissionError, ContractError, ResidencyError
 from speculant.package.model import Ports
 from speculant.session.binding import (
     adopt_output,
@@ -46,8 +46,7 @@ from speculant.session.binding import (
 from speculant.session.contracts import SymbolTable
 from speculant.session.graphs import EAGER_ID, OFF, GraphCapture, GraphDecision, refusal_reason
 from speculant.session.pools import ProcessPool
-from speculant.tensors import HOST, TensorSeam, Value
-from speculant.tensors.backend import INSTALL_CUDA
+from speculant.tensors import HOST, Residency, TensorSeam, Value
 
 
 @dataclass(frozen=True)
@@ -107,10 +106,9 @@ def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
             "onnxruntime-gpu instead of onnxruntime), or load with device='cpu'")
     if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia wheels, once
         ort.preload_dlls()
-    ordinal = int(device.split(":")[1]) if ":" in device else 0
-    options = {"device_id": str(ordinal), "use_tf32": "1" if use_tf32 else "0"}
-    residency = f"cuda:{ordinal}"
-    options.update(stream_provider_options(seam.backend(residency), residency))
+    residency = Residency.parse(device)
+    options = {"device_id": str(residency.ordinal), "use_tf32": "1" if use_tf32 else "0"}
+    options.update(stream_provider_options(seam.backend(str(residency)), str(residency)))
     return [("CUDAExecutionProvider", options)]
 
 

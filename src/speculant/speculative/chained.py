@@ -267,7 +267,7 @@ class ChainedProposer:
                 elif how == "row":
                     seam.take_at(buffer, after.verify_values[value_name], axis, count, -1)
                 else:
-                    PassPlan._fill(self.session, port, buffer, after.verify_values[value_name])
+                    PassPlan.copy_into(self.session, port, buffer, after.verify_values[value_name])
 
     def _unrolled(self, depth: int) -> ComponentSession | None:
         """The session of the chain unrolled ``depth`` steps (None: stepwise). The first
@@ -294,7 +294,7 @@ class ChainedProposer:
                 shared[port] = value  # the target's buffer of the last layer
             else:
                 buffer = seam.zeros(value.shape, value.dtype, session.device)
-                shared[port] = PassPlan._fill(session, port, buffer, value)
+                shared[port] = PassPlan.copy_into(session, port, buffer, value)
         return ChainSteps(session, shared, carry_0, produced, self.max_k, chain.carry_output,
                           self.bootstrap_session)
 
@@ -365,5 +365,5 @@ class ChainedProposer:
                                      f"on axis {axis} ({dim}): {exc}", path=port) from exc
             fixed[port] = self.seam.adopt(value, self.residency)
             if into is not None:
-                PassPlan._fill(self.session, port, into[port], fixed[port])
+                PassPlan.copy_into(self.session, port, into[port], fixed[port])
         return fixed

@@ -32,8 +32,6 @@ import numpy as np
 from speculant.tensors.sampling import Sampling
 from speculant.tensors.value import Value
 
-INSTALL_CUDA = "pip install 'speculant[cuda]'"
-
 
 @dataclass
 class ResidencyCounters:

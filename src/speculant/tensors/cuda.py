@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from speculant.errors import ContractError, ResidencyError
-from speculant.tensors.backend import INSTALL_CUDA, ResidencyCounters
+from speculant.errors import INSTALL_CUDA, ContractError, ResidencyError
+from speculant.tensors.backend import ResidencyCounters
 from speculant.tensors.cuda_cursor import CudaCursor
 from speculant.tensors.cuda_kernels import (
     ARGMAX_THREADS,
@@ -145,11 +145,10 @@ class CudaBackend(CudaSampling, CudaCursor):
         return stream
 
     def unsupported_reason(self, residency: str) -> str | None:
-        """Why this backend cannot serve ``residency``, or None when it can."""
-        kind, _, ordinal = residency.partition(":")
-        if kind != "cuda" or not ordinal.isdigit():
-            return f"'{residency}' is not a CUDA residency"
-        if int(ordinal) >= self.num_devices:
+        """Why this backend cannot serve the CUDA residency ``residency``, or None when it
+        can."""
+        ordinal = cuda_ordinal(residency)
+        if ordinal >= self.num_devices:
             return (f"there is no CUDA device with ordinal {ordinal} (this machine has "
                     f"{self.num_devices}: ordinals 0..{self.num_devices - 1})")
         return None

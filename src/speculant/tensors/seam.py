@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from speculant.errors import ContractError, ResidencyError
-from speculant.tensors.backend import INSTALL_CUDA, Backend, ResidencyCounters
+from speculant.errors import INSTALL_CUDA, ContractError, ResidencyError
+from speculant.tensors.backend import Backend, ResidencyCounters
 from speculant.tensors.host import HostBackend
 from speculant.tensors.seam_cursor import CursorOps
 from speculant.tensors.seam_sampling import SamplingOps

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 
 from speculant.dtypes import DTYPES, NUMPY_DTYPES
-from speculant.errors import ContractError
+from speculant.errors import INSTALL_CUDA, ContractError, ResidencyError
 
 HOST = "host"
 FLOAT_DTYPES = tuple(name for name in NUMPY_DTYPES if DTYPES[name].is_float)
@@ -82,11 +82,43 @@ class Value:
         return cls(array, HOST, dtype or dtype_of_numpy(array.dtype), owned=owned)
 
 
+@dataclass(frozen=True)
+class Residency:
+    """Where a value's bytes live: the host, or the CUDA device ``ordinal``.
+
+    :meth:`parse` is the one reader of the words for it (``cpu`` or ``host``, ``cuda``,
+    ``cuda:N``); ``str()`` is the name a :class:`Value` carries (``host`` or ``cuda:N``), and
+    ``Residency.parse(str(r)) == r``.
+    """
+
+    kind: Literal["host", "cuda"]
+    ordinal: int = 0  # the CUDA device; 0 on the host
+
+    def __str__(self) -> str:
+        return HOST if self.kind == HOST else f"cuda:{self.ordinal}"
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def parse(text: str) -> Residency:
+        """The residency ``text`` names (cached: the hot path asks per operation); anything
+        else is a :class:`ResidencyError` naming the value and the accepted forms."""
+        kind, colon, ordinal = str(text).partition(":")
+        if text in ("cpu", HOST):
+            return Residency(HOST)
+        if kind == "cuda" and (ordinal.isdecimal() or not colon):
+            return Residency("cuda", int(ordinal or 0))
+        raise ResidencyError(
+            f"unknown device '{text}': speculant runs on the host ('cpu') or on CUDA ('cuda', "
+            "'cuda:N')", path="device", value=text, expected="'cpu', 'cuda' or 'cuda:N'",
+            remedy=f"load with device='cpu', or device='cuda:N' after {INSTALL_CUDA}")
+
+
 @functools.lru_cache(maxsize=64)
 def cuda_ordinal(residency: str) -> int:
-    """``N`` of ``cuda:N`` (parsed once per string: the hot path asks for it per operation)."""
-    kind, _, ordinal = residency.partition(":")
-    if kind != "cuda" or not ordinal.isdigit():
+    """``N`` of a ``cuda:N`` residency; any other is a typed error (cached: the hot path asks
+    for it per operation)."""
+    place = Residency.parse(residency)
+    if place.kind != "cuda":
         raise ContractError(f"residency {residency!r} is not a CUDA residency",
                             value=residency, expected="'cuda:N'")
-    return int(ordinal)
+    return place.ordinal

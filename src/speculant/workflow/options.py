@@ -1,7 +1,8 @@
 """`GenerationOptions`: what a request asks for, and the one home of every default.
 
-The API (``Engine.generate`` / ``stream`` / ``chat``), the CLI (its typer options take their
-defaults from :data:`DEFAULTS`) and the server all read their defaults here. Every field is
+The API (``Engine.generate`` / ``stream`` / ``chat``), the CLI and the server all read their
+defaults here; the CLI's and the server's options are built from the fields (their defaults
+and the ``help`` in their metadata, ``speculant.cli.generation_options``). Every field is
 checked by type and range in :meth:`GenerationOptions.checked`, at admission, with a
 :class:`RequestError` naming the field — never a bare ``TypeError`` or ``ValueError``.
 """
@@ -11,9 +12,15 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
 
 from speculant.errors import RequestError
+
+
+def _option(default: object, help_text: str) -> Any:
+    """A field the command line offers, with its ``help``."""
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass(frozen=True)
@@ -31,15 +38,19 @@ class GenerationOptions:
     ids, which stop the stream unless ``stop_on_eos`` is False. ``max_context`` caps the
     stream's length; ``ngram_range = (n_min, n_max)`` is prompt lookup's."""
 
-    max_new_tokens: int = 64
-    proposer: str | None = None
-    k: int | str | None = "auto"
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
+    max_new_tokens: int = _option(64, "Tokens to generate at most.")
+    proposer: str | None = None  # its command-line help lists the kinds registry
+    k: int | str | None = _option("auto", "Drafts per round: auto (picked each round from the "
+                                  "measured acceptance and pass costs, up to the proposer "
+                                  "kind's bound) or a number.")
+    temperature: float = _option(0.0, "0: greedy; above 0: sample (the output follows the "
+                                      "target's distribution).")
+    top_p: float = _option(1.0, "Sample within the smallest set of ids of this mass.")
+    top_k: int = _option(0, "Sample among the k most probable ids (0: all).")
+    min_p: float = _option(0.0, "Drop ids below this fraction of the most probable one's "
+                                "probability.")
+    seed: int = _option(0, "Seed of the request's sampling generator.")
+    stop: tuple[str, ...] = _option((), "Stop string (repeatable); the text ends before it.")
     stop_token_ids: tuple[int, ...] = ()
     stop_on_eos: bool = True
     max_context: int | None = None
@@ -77,7 +88,7 @@ class GenerationOptions:
         return GenerationOptions(
             max_new_tokens=_integer("max_new_tokens", self.max_new_tokens, low=1),
             proposer=_optional_name("proposer", self.proposer),
-            k=_width(self.k),
+            k=parse_width(self.k),
             temperature=_real("temperature", self.temperature, low=0.0),
             top_p=_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True),
             top_k=_integer("top_k", self.top_k, low=0),
@@ -156,9 +167,14 @@ def _real(name: str, value: object, *, low: float, high: float | None = None,
     return number
 
 
-def _width(value: object) -> int | str | None:
+def parse_width(value: object, *, is_text: bool = False) -> int | Literal["auto"] | None:
+    """``k``, drafts per round: an int >= 1, ``"auto"`` (picked each round) or None (the
+    proposer kind's default). ``is_text``: ``value`` is command-line text, where a number
+    comes as digits. Anything else is a :class:`RequestError` naming ``k``."""
     if value is None or (isinstance(value, str) and value == "auto"):
-        return value
+        return value  # type: ignore[return-value]
+    if is_text and isinstance(value, str) and value.strip().isdecimal():
+        value = int(value)
     if isinstance(value, str):
         raise RequestError(f"k = {value!r} is not a width", path="k", value=value,
                            expected="'auto', None or an int >= 1")

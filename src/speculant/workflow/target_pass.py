@@ -312,7 +312,7 @@ def static_plan(target: TargetPass, tokens: Sequence[int], start: int, cells: St
                 buffers[port] = value  # the cell's buffer itself
                 continue
             buffer = seam.zeros(value.shape, value.dtype, session.device)
-            buffers[port] = PassPlan._fill(session, port, buffer, value)
+            buffers[port] = PassPlan.copy_into(session, port, buffer, value)
         outputs = {}
         for port in plan.target_outputs:
             if port in present_of:

@@ -208,23 +208,39 @@ def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
         "contract": dict(fused), "role": {"kind": "opaque"},
         "source": {"kind": "application", "name": "inputs_embeds"},
         "required": False, "default": 0.0}
-    document["speculative"] = {
+    document["speculative"] = chained_section(
+        proposer_vocab_size=c.draft_vocab_size if c.has_subset_vocabulary else None,
+        max_proposal_width=max_proposal_width, rollback_state=list(_cells(c, dtype)),
+        scale=float(scale))
+    return document
+
+
+def chained_section(*, proposer_vocab_size: int | None, max_proposal_width: int,
+                    rollback_state: list[str], scale: float | None, table: str = EMBEDDING,
+                    distribution_preserving: bool = True) -> dict[str, Any]:
+    """The ``speculative`` section of a chained pair: ``assistant`` proposes for ``target``,
+    embedding each token through the target's ``table`` (times ``scale``; None declares none)
+    and seeding its carry from the target's ``hidden_states``; the group ``attention`` is
+    shared and ``rollback_state`` names its cells. ``proposer_vocab_size`` None: identical
+    vocabularies; an int: the drafter's subset."""
+    token_embedding: dict[str, Any] = {"component": "target", "table": table}
+    if scale is not None:
+        token_embedding["scale"] = scale
+    return {
         "proposer": "assistant", "target": "target",
-        "vocabulary": {"kind": "subset", "proposer_vocab_size": c.draft_vocab_size}
-        if c.has_subset_vocabulary else {"kind": "identical"},
+        "vocabulary": {"kind": "identical"} if proposer_vocab_size is None else
+        {"kind": "subset", "proposer_vocab_size": proposer_vocab_size},
         "max_proposal_width": max_proposal_width,
-        "distribution_preserving": True,
+        "distribution_preserving": distribution_preserving,
         "proposal_execution": {
             "kind": "chained", "token_embedding_input": "inputs_embeds",
             "logits_output": "logits", "folded_carry_output": "projected_state",
             "folded_carry_seed": {"component": "target", "output": "hidden_states"},
-            "token_embedding": {"component": "target", "table": EMBEDDING,
-                                "scale": float(scale)}},
+            "token_embedding": token_embedding},
         "port_bindings": {"target_hidden_context": "inputs_embeds"},
         "shared_state": [GROUP],
-        "rollback_state": list(_cells(c, dtype)),
+        "rollback_state": rollback_state,
     }
-    return document
 
 
 # -- the static-cache form (catalogue document 18) ----------------------------------------------
