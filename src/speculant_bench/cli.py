@@ -13,6 +13,8 @@ from speculant.cli import DEFAULT_PACKAGE, fail, stderr
 from speculant.errors import SpeculantError
 
 bench_app = typer.Typer()
+NEW_TOKENS = 32  # tokens per prompt, without --spec-bench
+SPEC_BENCH_TOKENS = 128  # the longest Spec-Bench answer (Spec-Bench's own runs allow 1024)
 
 
 @bench_app.command()
@@ -27,8 +29,9 @@ def bench(
                                                       "or strings); default: the package's "
                                                       "val_prompts.json, else the bundled "
                                                       "code snippets.")] = None,
-    new_tokens: Annotated[int, typer.Option(help="Tokens every runner decodes per prompt "
-                                                 "(EOS masked).")] = 32,
+    new_tokens: Annotated[int | None, typer.Option(help="Tokens every runner decodes per "
+                                                        "prompt (EOS masked); default "
+                                                        f"{NEW_TOKENS}.")] = None,
     warmup: Annotated[int, typer.Option(help="Untimed passes over the prompts per "
                                              "runner.")] = 1,
     repeats: Annotated[int, typer.Option(help="Timed passes over the prompts per runner "
@@ -57,7 +60,18 @@ def bench(
              "its tokens are checked against greedy).")] = None,
     chat: Annotated[bool, typer.Option(
         "--chat", help="Each text prompt is one user message, rendered by the package's chat "
-                       "template.")] = False,
+                       "template (with --spec-bench: a package without one is refused "
+                       "rather than given plain first turns).")] = False,
+    spec_bench: Annotated[bool, typer.Option(
+        "--spec-bench", help="Decode Spec-Bench's questions (first turns, through the chat "
+                             "template where the package has one) and add its per-category "
+                             "table; replaces --prompts.")] = False,
+    per_category: Annotated[int | None, typer.Option(
+        min=1, help="Spec-Bench questions per category (default: all).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Spec-Bench: the longest answer; each question is decoded to greedy's "
+                    f"answer length, its end of turn or this (default {SPEC_BENCH_TOKENS})."
+    )] = None,
 ) -> None:
     """Time greedy and each proposer at each k side by side; write JSON, Markdown and plots."""
     import shlex
@@ -89,6 +103,16 @@ def bench(
             fail(RequestError(str(error), path="--genai-model", value=str(genai_model),
                               expected="a folder with genai_config.json and its model"))
             return
+    for given, name, needs in ((prompts, "--prompts", False), (new_tokens, "--new-tokens", False),
+                               (per_category, "--per-category", True),
+                               (max_new_tokens, "--max-new-tokens", True)):
+        if given is not None and needs != spec_bench:
+            fail(RequestError(f"{name} {'needs' if needs else 'does not go with'} --spec-bench",
+                              path=name, value=str(given),
+                              remedy="add --spec-bench" if needs else
+                              "leave it out (Spec-Bench brings its own prompts, and its "
+                              "answers end at --max-new-tokens)"))
+            return
     try:
         widths = parse_widths(k) if k else KS
     except ValueError as error:
@@ -96,7 +120,10 @@ def bench(
                           expected="integers >= 1 or auto, e.g. --k 1 --k 4 --k auto"))
         return
     config = BenchConfig(package or Path(DEFAULT_PACKAGE), device=device, draft=draft,
-                         prompts_file=prompts, new_tokens=new_tokens, warmup=warmup,
+                         prompts_file=prompts, warmup=warmup, spec_bench=spec_bench,
+                         per_category=per_category,
+                         new_tokens=(max_new_tokens or SPEC_BENCH_TOKENS) if spec_bench
+                         else new_tokens or NEW_TOKENS,
                          repeats=repeats, threads=threads,
                          proposers=tuple(proposer or PROPOSERS), ks=widths,
                          anchors=anchor_names, anchor_dir=anchor_dir,

@@ -83,7 +83,7 @@ def target_bytes(package: Package) -> TargetBytes:
     return TargetBytes(weights, len(graph.initializer), per_position, len(package.plan.cells))
 
 
-def mean_context(prompt_lengths: list[int], new_tokens: int) -> float:
+def mean_context(prompt_lengths: list[int], new_tokens: float) -> float:
     """Cache length a decode step attends over, averaged over the decode steps and prompts:
     step ``t`` (1 … N−1, after the prefill) attends over ``P + t`` positions, mean
     ``P + N/2``."""
@@ -268,7 +268,7 @@ class PhysicalLimit:
         }
 
 
-def measure(package: Package, device: str, prompt_lengths: list[int], new_tokens: int,
+def measure(package: Package, device: str, prompt_lengths: list[int], new_tokens: float,
             threads: int | None = None, seam=None) -> PhysicalLimit:
     """Bytes per token of ``package``'s target and the device's bandwidth (and on CUDA its
     launch floor), measured now."""

@@ -28,6 +28,7 @@ class PromptSet:
     source: str  # the file the prompts came from ("bundled" for speculant/bench/prompts.json)
     prompts: tuple[tuple[int, ...], ...]  # token ids, each fitted into the context
     num_truncated: int  # prompts whose oldest tokens were dropped to fit
+    new_tokens: tuple[int, ...]  # per prompt: the tokens every runner decodes (EOS masked)
 
     @property
     def lengths(self) -> list[int]:
@@ -91,7 +92,8 @@ def read_prompts(path: Path | None, tokenizer: Tokenizer,
 def fit_prompts(source: str, prompts: list[list[int]], new_tokens: int,
                 context_cap: int | None) -> PromptSet:
     """Keep the newest ``context_cap − new_tokens`` tokens of each prompt, so that every
-    runner can decode exactly ``new_tokens`` tokens."""
+    runner can decode exactly ``new_tokens`` tokens of each (or fewer, where a Spec-Bench run
+    replaces ``PromptSet.new_tokens`` by its answer lengths)."""
     room = None if context_cap is None else context_cap - new_tokens
     if room is not None and room < 1:
         raise RequestError(f"{new_tokens} new tokens leave no room for a prompt in a context "
@@ -99,4 +101,4 @@ def fit_prompts(source: str, prompts: list[list[int]], new_tokens: int,
                            expected=f"at most {context_cap - 1}")
     fitted = [tuple(p[-room:]) if room is not None else tuple(p) for p in prompts]
     num_truncated = sum(len(f) < len(p) for f, p in zip(fitted, prompts, strict=True))
-    return PromptSet(source, tuple(fitted), num_truncated)
+    return PromptSet(source, tuple(fitted), num_truncated, (new_tokens,) * len(fitted))

@@ -14,12 +14,14 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from speculant_bench import limits
 from speculant_bench.anchors import report as anchor_report
 from speculant_bench.figures import decode_tokens_per_s, end_to_end_tokens_per_s, ttft_ms
 from speculant_bench.run import BenchRun, RunnerResult, Sample
+from speculant_bench.spec_bench import report as spec_bench_report
 from speculant_bench.spread import Spread
 
 SCHEMA = "speculant_bench/1"
@@ -42,7 +44,7 @@ def round_ms(part: str):
 
 # -- the report -------------------------------------------------------------------------------
 def summarize_runner(result: RunnerResult, greedy: RunnerResult | None,
-                     new_tokens: int) -> dict:
+                     new_tokens: Sequence[int]) -> dict:
     stats = result.stats
     rounds = sum(s.rounds for s in stats)
     accepted_lengths = sum(a for s in stats for _, a in s.trace)
@@ -64,8 +66,8 @@ def summarize_runner(result: RunnerResult, greedy: RunnerResult | None,
         "round_ms": {part: result.per_repeat(round_ms(part)).as_dict()
                      for part in ("proposer", "target", "other", "total")},
         "tokens_per_prompt": [len(s.token_ids) for s in last],
-        "decoded_every_token": all(len(s.token_ids) == new_tokens
-                                   for samples in result.samples for s in samples),
+        "decoded_every_token": all(len(s.token_ids) == n for samples in result.samples
+                                   for s, n in zip(samples, new_tokens, strict=True)),
         "target_passes": sum(s.target_passes for s in stats),
         "rounds": rounds,
         "greedy_steps": sum(s.greedy_steps for s in stats),
@@ -98,7 +100,7 @@ def summarize_runner(result: RunnerResult, greedy: RunnerResult | None,
 def summarize(run: BenchRun, command: str) -> dict:
     config, engine = run.config, run.engine
     greedy = next((r for r in run.results if not r.runner.is_speculative), None)
-    runners = [summarize_runner(r, greedy, config.new_tokens) for r in run.results]
+    runners = [summarize_runner(r, greedy, run.prompts.new_tokens) for r in run.results]
     base = Spread.of(run.widths[0].pass_s).median
     spec = engine.package.document.speculative
     report = limits.annotate({
@@ -118,7 +120,8 @@ def summarize(run: BenchRun, command: str) -> dict:
                    "repeats": config.repeats, "proposers": list(config.proposers),
                    "k": list(config.ks)},
         "prompts": {"source": run.prompts.source, "count": len(run.prompts.prompts),
-                    "lengths": run.prompts.lengths, "truncated": run.prompts.num_truncated},
+                    "lengths": run.prompts.lengths, "truncated": run.prompts.num_truncated,
+                    "new_tokens": list(run.prompts.new_tokens)},
         "runners": runners,
         "skipped": [{"name": r.name, "proposer": r.proposer, "k": r.k, "reason": reason}
                     for r, reason in run.skipped],
@@ -138,7 +141,7 @@ def summarize(run: BenchRun, command: str) -> dict:
         per_token = 1000 / greedy.per_repeat(decode_tokens_per_s).median
         report["runtime_overhead"] = {"greedy_ms_per_token": per_token, "bare_run_ms": bare_ms,
                                       "share": 1 - bare_ms / per_token}
-    return anchor_report.annotate(report, run)
+    return spec_bench_report.annotate(anchor_report.annotate(report, run), run)
 
 
 def _shown(path: Path) -> str:
@@ -244,12 +247,15 @@ def markdown(report: dict) -> str:
         f"- device: {c['device']}, ONNX Runtime intra-op threads: {c['threads'] or 'default'}"
         + (f"; CPU thread pool: {c['cpu_pool']}" if c.get("cpu_pool") else ""),
         f"- prompts: {p['count']} from {p['source']}, {min(p['lengths'])}–{max(p['lengths'])} "
-        f"tokens ({p['truncated']} truncated to fit); {c['new_tokens']} new tokens each, EOS "
-        "masked",
+        f"tokens ({p['truncated']} truncated to fit); " + (
+            f"{c['new_tokens']} new tokens each" if "spec_bench" not in report else
+            f"greedy's answer to each, {min(p['new_tokens'])}–{max(p['new_tokens'])} new "
+            "tokens") + ", EOS masked",
         f"- warm-up {c['warmup']}, repeats {c['repeats']}: median [min–max] over repeats",
         f"- versions: {versions_line}",
         f"- command: `{report['command']}`",
         "",
+        *spec_bench_report.markdown(report),
         "| runner | decode tok/s | × greedy | end-to-end tok/s | × greedy | TTFT ms | "
         "target passes | mean accepted length | acceptance by position | "
         "ms/round proposer / target / other | = greedy |",

@@ -1,13 +1,17 @@
 """One bench run: load once, check each runner, warm up, time the repeats, summarize.
 
-Every runner decodes every prompt to exactly ``new_tokens`` tokens (EOS masked) on the same
-engine (the same sessions and thread count). Runners interleave prompt by prompt, in an order
+Every runner decodes every prompt to exactly its tokens (``PromptSet.new_tokens``: ``new_tokens``
+each, or on Spec-Bench each question's answer length; EOS masked) on the same engine (the same
+sessions and thread count). Runners interleave prompt by prompt, in an order
 that rotates, so drift and position in the sequence hit them alike, and each speedup is a
 ratio within one invocation. A repeat is one pass of every runner over the whole prompt set.
 
 Anchors (``anchors=("hf", "genai")``, :mod:`speculant_bench.anchors`) are more runners in the
 same rotation: other runtimes decoding the same weights with the same thread count, each
 producing the same record per decode (tokens, time to first token, total time).
+
+Spec-Bench (``spec_bench=True``, :mod:`speculant_bench.spec_bench`): the prompts are its
+questions' first turns, ``per_category`` of each category, and ``new_tokens`` caps each answer.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain, cycle, islice
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from speculant_bench import limits
 from speculant_bench.anchors import AnchorRunner, AnchorSetup, prepare_anchors
 from speculant_bench.prompts import PromptSet, find_prompt_file, fit_prompts, read_prompts
 from speculant_bench.runners import KS, PROPOSERS, Runner, Width, runner_list, why_unavailable
+from speculant_bench.spec_bench.prompts import SpecBenchSet, answer_lengths, spec_bench_prompts
 from speculant_bench.spread import Spread
 from speculant_bench.timing import (
     VERIFY_WIDTHS,
@@ -42,7 +47,7 @@ class BenchConfig:
     device: str = "cpu"
     draft: Path | None = None  # a greedy-decoder package: the draft model of proposer "draft"
     prompts_file: Path | None = None
-    new_tokens: int = 32  # N: tokens every runner decodes per prompt
+    new_tokens: int = 32  # N: tokens every runner decodes per prompt (Spec-Bench: at most)
     warmup: int = 1  # untimed passes over the prompt set, per runner
     repeats: int = 5  # timed passes over the prompt set, per runner
     threads: int | None = None  # ORT intra-op threads; None: every CPU this process may use
@@ -54,6 +59,8 @@ class BenchConfig:
     anchor_dir: Path | None = None  # their checkpoints and models (None: a temporary folder)
     genai_model: Path | None = None  # a folder genai's builder made (None: build one here)
     chat: bool = False  # text prompts are user messages, rendered by the chat template
+    spec_bench: bool = False  # the prompts are Spec-Bench's first turns (replaces prompts_file)
+    per_category: int | None = None  # Spec-Bench questions per category (None: all)
 
     @property
     def resolved_threads(self) -> int | None:
@@ -122,6 +129,7 @@ class BenchRun:
     limit: limits.PhysicalLimit | None = None  # bytes per token over measured bandwidth
     anchor_results: list[RunnerResult] = field(default_factory=list)  # same run, same weights
     anchors: AnchorSetup | None = None  # what was asked for, skipped, and each runtime's facts
+    spec_bench: SpecBenchSet | None = None  # Spec-Bench: the question of each prompt
 
 
 class Progress:
@@ -140,18 +148,28 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     threads = config.resolved_threads
     engine = load(config.package, config.device, threads=threads, draft=config.draft)
     root = engine.package.root  # a built-in name (smollm2) resolved to its folder
-    render = (lambda text: engine.render_chat([{"role": "user", "content": text}])) \
-        if config.chat else None
-    source, raw = read_prompts(find_prompt_file(root, config.prompts_file), engine.tokenizer,
-                               render)
-    if config.chat:
-        source += " (chat template)"
+    spec_bench = None
+    if config.spec_bench:
+        spec_bench, raw = spec_bench_prompts(engine, config.per_category, config.new_tokens,
+                                             needs_template=config.chat)
+        source = spec_bench.source
+    else:
+        render = (lambda text: engine.render_chat([{"role": "user", "content": text}])) \
+            if config.chat else None
+        source, raw = read_prompts(find_prompt_file(root, config.prompts_file),
+                                   engine.tokenizer, render)
+        if config.chat:
+            source += " (chat template)"
     admitted = engine.admit(raw[0][:1], 1).admitted  # admission alone: the context cap
     prompts = fit_prompts(source, raw, config.new_tokens, admitted.context_cap)
     if prompts.num_truncated:
         progress.note(f"{prompts.num_truncated} of {len(prompts.prompts)} prompts keep only "
                       f"their last {max(prompts.lengths)} tokens (context "
                       f"{admitted.context_cap}, {config.new_tokens} new tokens)")
+    if spec_bench is not None:
+        progress.start("Spec-Bench: greedy answer lengths", len(prompts.prompts))
+        lengths = answer_lengths(engine, prompts.prompts, config.new_tokens, progress.advance)
+        prompts = replace(prompts, new_tokens=tuple(lengths))
 
     runners, skipped = [], []
     for runner in runner_list(config.proposers, config.ks):
@@ -189,11 +207,13 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
                                 on_step=progress.advance)
     progress.start("physical limit (bandwidth, launch floor)", 1)
     limit = limits.measure(engine.package, engine.device, list(prompts.lengths),
-                           config.new_tokens, threads, engine.seam)
+                           sum(prompts.new_tokens) / len(prompts.new_tokens), threads,
+                           engine.seam)
     progress.advance()
     return BenchRun(config, engine, prompts, threads, results, skipped, widths, length,
                     load_average, limit,
-                    anchor_results=[r for r in every if r.is_anchor], anchors=anchors)
+                    anchor_results=[r for r in every if r.is_anchor], anchors=anchors,
+                    spec_bench=spec_bench)
 
 
 def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: PromptSet,
@@ -205,18 +225,17 @@ def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: P
     if anchors:
         progress.start("anchors: counting pass", len(anchors) * len(prompts.prompts))
         for result in anchors:
-            for prompt in prompts.prompts:
-                result.counts.append(result.runner.decode(list(prompt), config.new_tokens,
-                                                          count=True).counts)
+            for prompt, n in zip(prompts.prompts, prompts.new_tokens, strict=True):
+                result.counts.append(result.runner.decode(list(prompt), n, count=True).counts)
                 progress.advance()
     progress.start("warm-up", len(runners) * len(prompts.prompts) * config.warmup)
     for runner in runners:
         for _ in range(config.warmup):
-            for prompt in prompts.prompts:
+            for prompt, n in zip(prompts.prompts, prompts.new_tokens, strict=True):
                 if isinstance(runner, AnchorRunner):
-                    runner.decode(list(prompt), config.new_tokens)
+                    runner.decode(list(prompt), n)
                 else:
-                    engine.generate(list(prompt), runner.options(config.new_tokens))
+                    engine.generate(list(prompt), runner.options(n))
                 progress.advance()
 
     progress.start("timed repeats", len(runners) * len(prompts.prompts) * config.repeats)
@@ -226,18 +245,18 @@ def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: P
             for result in results:
                 result.samples.append([])
                 result.stats = []
-            for i, prompt in enumerate(prompts.prompts):
+            for i, (prompt, n) in enumerate(zip(prompts.prompts, prompts.new_tokens,
+                                                strict=True)):
                 shift = (repeat + i) % len(results)  # each runner takes each turn in the order
                 for result in results[shift:] + results[:shift]:
                     if result.is_anchor:
-                        done = result.runner.decode(list(prompt), config.new_tokens)
+                        done = result.runner.decode(list(prompt), n)
                         result.samples[-1].append(Sample(done.token_ids, done.total_s,
                                                          done.ttft_s, None, None, None))
                         progress.advance()
                         continue
                     clock.reset()
-                    generation = engine.generate(list(prompt),
-                                                 result.runner.options(config.new_tokens))
+                    generation = engine.generate(list(prompt), result.runner.options(n))
                     result.samples[-1].append(Sample(
                         generation.token_ids, generation.total_s,
                         generation.time_to_first_token_s, clock.target_s(skip_first=1),

@@ -293,14 +293,14 @@ def test_anchor_records_and_ratios_on_literal_samples():
                        counts=[{"target_passes": 4}, {"target_passes": 4}])
     a_lookup = _result(their_lookup, [[1, 2, 3, 4], [5, 6, 7, 9]], [0.010, 0.010],
                        counts=[{"target_passes": 3}, {"target_passes": 3}])
-    record = anchor_report.summarize_anchor(a_greedy, greedy, new_tokens=4)
+    record = anchor_report.summarize_anchor(a_greedy, greedy, new_tokens=(4, 4))
     assert record["matches_greedy"] is True and record["decoded_every_token"] is True
     assert record["counterpart"] == "greedy" and record["target_passes"] == 8
     assert record["tokens_per_round"] == 1.0  # 6 tokens after the first over 6 passes
     # 4 tokens in 0.010 s per prompt → decode (0.010 − 0.001) s for 3 tokens
     assert record["decode_tokens_per_s"]["values"][0] == pytest.approx(6 / 0.038)
     assert record["total_ms_per_prompt"]["values"] == [20.0, 24.0]
-    mismatch = anchor_report.summarize_anchor(a_lookup, greedy, new_tokens=4)
+    mismatch = anchor_report.summarize_anchor(a_lookup, greedy, new_tokens=(4, 4))
     assert mismatch["matches_greedy"] is False and mismatch["tokens_per_round"] == 1.5
 
     ours = [greedy, lookup]
@@ -329,7 +329,7 @@ def test_anchor_records_and_ratios_on_literal_samples():
     assert ratios["per_mode"][1]["anchor_matches_greedy"] is False
     # an anchor that did not decode every token never stands for its runtime
     short = _result(their_lookup, [[1, 2, 3], [5, 6, 7]], [0.002, 0.002])
-    short_record = anchor_report.summarize_anchor(short, greedy, new_tokens=4)
+    short_record = anchor_report.summarize_anchor(short, greedy, new_tokens=(4, 4))
     ratios = anchor_report.ratios(ours, ours_records, [a_greedy, short], [record, short_record])
     assert ratios["best"][0]["end_to_end_tokens_per_s"]["anchor"] == "hf greedy"
 

@@ -80,6 +80,7 @@ def test_bad_prompt_files_name_the_file_and_item(tmp_path, pair_path, content, w
 def test_prompts_keep_their_newest_tokens():
     fitted = fit_prompts("x", [[1, 2, 3, 4, 5], [6, 7]], new_tokens=6, context_cap=9)
     assert fitted.prompts == ((3, 4, 5), (6, 7)) and fitted.num_truncated == 1
+    assert fitted.new_tokens == (6, 6)  # every runner decodes 6 tokens of each
     assert fit_prompts("x", [[1, 2, 3]], 100, None).prompts == ((1, 2, 3),)
     with pytest.raises(RequestError, match="no room"):
         fit_prompts("x", [[1]], new_tokens=9, context_cap=9)

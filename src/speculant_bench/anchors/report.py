@@ -19,6 +19,8 @@ Each ratio also has its spread over the repeats, runner against runner in the sa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from speculant_bench.figures import decode_tokens_per_s, end_to_end_tokens_per_s, ttft_ms
 from speculant_bench.run import BenchRun, RunnerResult, Sample
 from speculant_bench.spread import Spread
@@ -53,7 +55,7 @@ def _genai_stats(counts: list[dict]) -> dict | None:
 
 
 def summarize_anchor(result: RunnerResult, greedy: RunnerResult | None,
-                     new_tokens: int) -> dict:
+                     new_tokens: Sequence[int]) -> dict:
     runner = result.runner
     figures = _figures()
     last = result.samples[-1]
@@ -79,8 +81,8 @@ def summarize_anchor(result: RunnerResult, greedy: RunnerResult | None,
         "decode_ms_per_prompt": result.per_repeat(decode_ms_per_prompt).as_dict(),
         "total_ms_per_prompt": result.per_repeat(total_ms_per_prompt).as_dict(),
         "tokens_per_prompt": [len(s.token_ids) for s in last],
-        "decoded_every_token": all(len(s.token_ids) == new_tokens
-                                   for samples in result.samples for s in samples),
+        "decoded_every_token": all(len(s.token_ids) == n for samples in result.samples
+                                   for s, n in zip(samples, new_tokens, strict=True)),
         "matches_greedy": None,
         "prompts_equal_to_greedy": None,  # "m/n" in the last repeat
         "target_passes": target_passes,
@@ -148,7 +150,7 @@ def annotate(report: dict, run: BenchRun) -> dict:
     if not run.config.anchors:
         return report
     greedy = next((r for r in run.results if not r.runner.is_speculative), None)
-    records = [summarize_anchor(r, greedy, run.config.new_tokens) for r in run.anchor_results]
+    records = [summarize_anchor(r, greedy, run.prompts.new_tokens) for r in run.anchor_results]
     report["anchors"] = {
         "requested": list(run.config.anchors),
         "runtimes": setup.info if setup is not None else {},
