@@ -1,5 +1,6 @@
 """The tools' commands, registered onto the `speculant` command (entry point
-``speculant.commands``): import, convert, export-hf, scale-target, metadata name-axes."""
+``speculant.commands``): import, convert, export-hf, scale-target, train-drafter, metadata
+name-axes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.markup import escape
 
 from speculant.cli import fail, stderr
 from speculant.errors import SpeculantError
+from speculant_tools.train_drafter.command import train_drafter_command
 
 tools = typer.Typer()
 metadata_app = typer.Typer(no_args_is_help=True, help="Tools for inference_metadata documents.")
@@ -158,6 +160,9 @@ def name_axes_command(
     stderr.print(str(report), highlight=False)
 
 
+
+
+tools.command("train-drafter")(train_drafter_command)  # speculant_tools/train_drafter/
 
 
 def register(app: typer.Typer) -> None:
