@@ -15,6 +15,8 @@ from builders import definition as fx
 from builders.graphs import BORROWED_KEY, BORROWED_VALUE, TABLE_NAME
 from speculant_tools.writing import CAPABILITIES, contract, opaque_input
 
+VOCABULARY_MAP = "draft_to_target.i64"  # a mapped vocabulary's map: raw little-endian int64
+
 
 @dataclass(frozen=True)
 class Symbols:
@@ -194,6 +196,8 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
         "required": False, "default": 0.0}
     borrowed = contract(dtype, ["batch", fx.NUM_HEADS, sym.borrowed, fx.HEAD_DIM])
     proposer_vocab = spec.proposer_vocab_size or "vocab"  # a subset: its static width
+    if spec.proposer_vocab_map is not None:
+        proposer_vocab = spec.proposer_width
     assistant_ports = {
         "inputs": {
             "inputs_embeds": dict(fused),
@@ -249,7 +253,9 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
         }},
         "speculative": {
             "proposer": "assistant", "target": "target",
-            "vocabulary": {"kind": "identical"} if spec.proposer_vocab_size is None else
+            "vocabulary": {"kind": "mapped", "artifact": VOCABULARY_MAP}
+            if spec.proposer_vocab_map is not None else {"kind": "identical"}
+            if spec.proposer_vocab_size is None else
             {"kind": "subset", "proposer_vocab_size": spec.proposer_vocab_size},
             "max_proposal_width": max_proposal_width,
             "distribution_preserving": distribution_preserving,
