@@ -148,8 +148,8 @@ def import_command(
     except SpeculantError as error:
         fail(error)
         return
-    stderr.print(escape(f"wrote {out} ({dtype or 'float32'}"
-                        f"{', int4 weights' if quantize else ''})"),
+    stderr.print(escape(f"wrote {out}" + (f" ({dtype})" if dtype else "")
+                        + (" (int4 weights)" if quantize else "")),
                  highlight=False)
 
 

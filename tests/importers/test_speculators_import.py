@@ -267,3 +267,18 @@ def test_a_speculators_folder_without_a_target(tmp_path, heads):
     with pytest.raises(ImporterError) as info:
         import_model(heads["eagle3"], tmp_path / "out")
     assert info.value.problems[0].path == "target"
+
+
+def test_the_written_format_is_the_speculators_package_s(heads):
+    """Where speculators (and torch) are installed: it reads the config.json these tests
+    write, and its EAGLE-3 model holds every weight they write, with the same shape."""
+    pytest.importorskip("torch", reason="torch is not installed (speculators needs it)")
+    pytest.importorskip("speculators", reason="the speculators package is not installed")
+    from speculators.models import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(heads["eagle3"]))
+    assert (config.draft_vocab_size, config.eagle_aux_hidden_state_layer_ids) == (24, [1, 2, 3])
+    shapes = {name: tuple(t.shape) for name, t in Eagle3DraftModel(config).state_dict().items()}
+    written = read_speculators(heads["eagle3"]).weights
+    assert {name: shapes.get(name) for name in written} == \
+        {name: array.shape for name, array in written.items()}
