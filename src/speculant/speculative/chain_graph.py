@@ -47,7 +47,6 @@ NEXT = "speculant.chain.next_token"  # [1] int32: argmax of the step's last scor
 NEXT64 = "speculant.chain.next64"  # [1] int64: the same, as ArgMax gives it
 TOKENS = "speculant.chain.tokens"  # [2] int32: s and p, the unrolled chain's first tokens
 DRAFTS = "speculant.chain.drafts"  # [D - 1] int32: the unrolled chain's drafts
-DRAFT_SCORES = "speculant.chain.draft_scores"  # [..., V_q]: a mapped drafter's own scores
 
 _PREFIX = "speculant.chain."
 
@@ -79,11 +78,9 @@ def step_component(package: Package) -> StepComponent:
         if vocabulary.kind == "mapped" else None  # [V_q] target ids (admitted: A8)
     _rewrite(model.graph, chain, step_shape, table, ports, ids, vocab)
     inputs = {port: c for port, c in ports.inputs.items() if port != chain.fused_port}
-    rank = len(step_shape)
-    currency = chain.currency
-    inputs[TABLE] = TensorContract(dtype=currency, rank=2, shape=list(table.dims))
+    inputs[TABLE] = TensorContract(dtype=chain.currency, rank=2, shape=list(table.dims))
     inputs[TOKEN] = TensorContract(dtype="int32", rank=1, shape=[1])
-    inputs[CARRY] = TensorContract(dtype=currency, rank=rank,
+    inputs[CARRY] = TensorContract(dtype=chain.currency, rank=len(step_shape),
                                    shape=[*step_shape[:-1], chain.carry_width])
     outputs = {**ports.outputs, NEXT: TensorContract(dtype="int32", rank=1, shape=[1])}
     if ids is not None:  # the logits output scores the target's V ids
@@ -138,10 +135,6 @@ def _check_names(graph: onnx.GraphProto, artifact: str) -> None:
 
 def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ...],
              table: TensorProto, ports: Ports, ids: np.ndarray | None, vocab: int) -> None:
-    """The prologue and the epilogue above; with a mapped vocabulary's ``ids`` [V_q] the
-    draft is ``ids[argmax]`` (a target id: the next step's token, indexing the target's table;
-    ascending ids break ties as the target's order does) and the logits output is the scores
-    moved to their target columns of ``vocab``, ``-inf`` elsewhere (so ``q = 0`` there)."""
     fused = next(i for i in graph.input if i.name == chain.fused_port)
     elem_type = fused.type.tensor_type.elem_type
     graph.input.remove(fused)
@@ -174,42 +167,40 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
           if broadcast else []),
         helper.make_node("Concat", [row, CARRY], [chain.fused_port], axis=-1),
     ]
-    mapped = [] if ids is None else _mapped(graph, chain, logits_rank, ids, vocab)
-    scores, argmax = (chain.logits_output, NEXT64) if ids is None else (DRAFT_SCORES,
-                                                                        n + "draft_id")
-    rows = helper.make_node("Flatten", [scores], [n + "rows"], axis=logits_rank - 1)
+    if ids is not None:
+        _map_scores(graph, chain.logits_output, logits_rank, ids, vocab)
+    rows = helper.make_node("Flatten", [chain.logits_output], [n + "rows"], axis=logits_rank - 1)
     epilogue = [rows, *([  # the argmax of the last score row ([rows, V]: a view)
         helper.make_node("Gather", [n + "rows", n + "last_row"], [n + "scores"], axis=0),
-        helper.make_node("ArgMax", [n + "scores"], [argmax], axis=0, keepdims=1),
+        helper.make_node("ArgMax", [n + "scores"], [NEXT64], axis=0, keepdims=1),
     ] if broadcast else [  # one row: its argmax, no copy of the row first
-        helper.make_node("ArgMax", [n + "rows"], [argmax], axis=1, keepdims=0),
-    ]), *mapped, helper.make_node("Cast", [NEXT64], [NEXT], to=TensorProto.INT32)]
+        helper.make_node("ArgMax", [n + "rows"], [NEXT64], axis=1, keepdims=0),
+    ]), helper.make_node("Cast", [NEXT64], [NEXT], to=TensorProto.INT32)]
     nodes = [*prologue, *graph.node, *epilogue]
     del graph.node[:]
     graph.node.extend(nodes)
     graph.output.append(helper.make_tensor_value_info(NEXT, TensorProto.INT32, [1]))
 
 
-def _mapped(graph: onnx.GraphProto, chain: ChainPlan, rank: int, ids: np.ndarray,
-            vocab: int) -> list[onnx.NodeProto]:
-    """Renames the drafter's scores [..., V_q] ``DRAFT_SCORES``; returns the nodes of the
-    draft, ``ids[argmax]``, and of the logits output: ``-inf`` padded as column V_q, then
-    gathered by each target id's column (V_q where no proposer id maps to it)."""
+def _map_scores(graph: onnx.GraphProto, scores: str, rank: int, ids: np.ndarray,
+                vocab: int) -> None:
+    """A mapped vocabulary: the drafter's scores [..., V_q] (renamed) moved to their target
+    columns of the output ``scores`` [..., V], ``-inf`` on ids no proposer id maps to; so its
+    argmax, the draft, is a target id (the next step's token) and, sampling, ``q`` is 0 there."""
+    own, n = _PREFIX + "draft_scores", _PREFIX
     for values in [v for node in graph.node for v in (node.input, node.output)]:
-        values[:] = [DRAFT_SCORES if v == chain.logits_output else v for v in values]
-    output = next(o for o in graph.output if o.name == chain.logits_output)
+        values[:] = [own if v == scores else v for v in values]
+    output = next(o for o in graph.output if o.name == scores)
     for dim in output.type.tensor_type.shape.dim[-1:]:
         dim.dim_value = vocab
-    columns = np.full(vocab, ids.size, np.int64)
+    columns = np.full(vocab, ids.size, np.int64)  # V_q: the padded -inf column
     columns[ids] = np.arange(ids.size)
     fill = np.asarray(-np.inf, helper.tensor_dtype_to_np_dtype(output.type.tensor_type.elem_type))
-    n, pads = _PREFIX, _int64([0] * (2 * rank - 1) + [1])  # one column after the last axis
     graph.initializer.extend(numpy_helper.from_array(value, n + key) for key, value in (
-        ("ids", _int64(ids)), ("columns", columns), ("fill", fill), ("pads", pads)))
-    return [helper.make_node("Gather", [n + "ids", n + "draft_id"], [NEXT64], axis=0),
-            helper.make_node("Pad", [DRAFT_SCORES, n + "pads", n + "fill"], [n + "padded"]),
-            helper.make_node("Gather", [n + "padded", n + "columns"], [chain.logits_output],
-                             axis=-1)]
+        ("columns", columns), ("fill", fill), ("pads", _int64([0] * (2 * rank - 1) + [1]))))
+    graph.node.extend([helper.make_node("Pad", [own, n + "pads", n + "fill"], [n + "padded"]),
+                       helper.make_node("Gather", [n + "padded", n + "columns"], [scores],
+                                        axis=-1)])
 
 
 def _rank_of(graph: onnx.GraphProto, output: str, ports: Ports) -> int:
