@@ -115,30 +115,43 @@ def scale_target(
 def import_command(
     source: Annotated[Path, typer.Argument(help="A GGUF file of the Llama family, a Hugging "
                                                 "Face checkpoint folder (config.json + "
-                                                "safetensors + tokenizer.json), or an "
-                                                "onnxruntime-genai model folder.")],
+                                                "safetensors + tokenizer.json), an "
+                                                "onnxruntime-genai model folder, or a "
+                                                "speculators EAGLE head (with --target).")],
     out: Annotated[Path, typer.Argument(help="Folder for the package (new or empty).")],
-    dtype: Annotated[str, typer.Option(help="float32 or float16: weights and IO.")] = "float32",
+    dtype: Annotated[str | None, typer.Option(help="float32 or float16: weights and IO "
+                                                   "(default float32; a speculators head: "
+                                                   "the target's).")] = None,
     quantize: Annotated[str | None, typer.Option(help="int4: the target's linear layers as "
                                                       "MatMulNBits (float32 compute, so "
                                                       "speculation stays exact).")] = None,
     graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
-    cache: Annotated[str, typer.Option(help="The KV caches' form: static (fixed-capacity "
-                                            "buffers written in place, rollback moves no "
-                                            "bytes; the default) or appended.")] = "static",
+    cache: Annotated[str | None, typer.Option(
+        help="The KV caches' form: static (fixed-capacity buffers written in place, rollback "
+             "moves no bytes; the default) or appended (a speculators head: the "
+             "target's).")] = None,
+    target: Annotated[str | None, typer.Option(
+        help="With a speculators head (config.json with speculators_config): the package "
+             "of the target it drafts for (a folder, or a built-in name).")] = None,
+    max_proposal_width: Annotated[int | None, typer.Option(
+        help="With a speculators head: the largest k (default: its speculative_tokens).")
+    ] = None,
 ) -> None:
-    """Write a speculant package from a GGUF file or a model folder."""
+    """Write a speculant package from a GGUF file or a model folder, or a speculators EAGLE
+    head beside its target's package (--target)."""
     from speculant_tools.importers import import_model
     from speculant_tools.progress import import_progress
 
     try:
         with import_progress(f"importing {source}") as progress:
             import_model(source, out, dtype=dtype, quantize=quantize, graph=graph,
-                         cache=cache, progress=progress)
+                         cache=cache, target=target, max_proposal_width=max_proposal_width,
+                         progress=progress)
     except SpeculantError as error:
         fail(error)
         return
-    stderr.print(escape(f"wrote {out} ({dtype}{', int4 weights' if quantize else ''})"),
+    stderr.print(escape(f"wrote {out}" + (f" ({dtype})" if dtype else "")
+                        + (" (int4 weights)" if quantize else "")),
                  highlight=False)
 
 

@@ -239,6 +239,9 @@ def drafter_graph(spec: fx.FixtureSpec, dtype: str = "float32",
     logits = _one_hot_logits(g, token, spec.margin, dtype)  # [b, n, 32]
     if spec.proposer_vocab_size is not None:  # a subset: the first N ids only
         logits = g.slice_last(logits, 0, spec.proposer_vocab_size, 2, "subset_logits")
+    if spec.proposer_vocab_map is not None:  # mapped: those columns only
+        logits = g.op("Gather", [logits, g.const("vocab_map", spec.proposer_vocab_map, "int64")],
+                      "mapped_logits", axis=2)
     g.add_output("logits", logits, dtype, ("batch", "sequence", spec.proposer_width))
 
     basis_prev = np.eye(fx.CARRY_WIDTH // 2, dtype=np.float32)[fx.CARRY_PREV]

@@ -16,6 +16,8 @@ from builders.graphs import BORROWED_KEY, BORROWED_VALUE, TABLE_NAME
 from speculant_tools.export.metadata import chained_section
 from speculant_tools.writing import CAPABILITIES, contract, opaque_input
 
+VOCABULARY_MAP = "draft_to_target.i64"  # a mapped vocabulary's map: raw little-endian int64
+
 
 @dataclass(frozen=True)
 class Symbols:
@@ -195,6 +197,8 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
         "required": False, "default": 0.0}
     borrowed = contract(dtype, ["batch", fx.NUM_HEADS, sym.borrowed, fx.HEAD_DIM])
     proposer_vocab = spec.proposer_vocab_size or "vocab"  # a subset: its static width
+    if spec.proposer_vocab_map is not None:
+        proposer_vocab = spec.proposer_width
     assistant_ports = {
         "inputs": {
             "inputs_embeds": dict(fused),
@@ -249,6 +253,7 @@ def chained_metadata(spec: fx.FixtureSpec, dtype: str = "float32", *,
             proposer_vocab_size=spec.proposer_vocab_size,
             max_proposal_width=max_proposal_width, rollback_state=["kv.key", "kv.value"],
             scale=fx.EMBEDDING_SCALE if declare_scale else None, table=TABLE_NAME,
-            distribution_preserving=distribution_preserving),
+            distribution_preserving=distribution_preserving,
+            vocabulary_map=VOCABULARY_MAP if spec.proposer_vocab_map is not None else None),
         "generation": {"defaults": {"do_sample": False}},
     }

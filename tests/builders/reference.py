@@ -123,9 +123,14 @@ def drafter_forward(spec: fx.FixtureSpec, inputs_embeds: np.ndarray, position_id
     prev_idx = np.clip(np.round(prev_code), 0, fx.NUM_CODES - 1).astype(np.int64)
     prediction = NEXT_TABLE[0, cur.astype(np.int64), prev_idx]
     tokens = np.where(all_ok, prediction, fx.UNK_ID).astype(np.int64)
-    width = spec.proposer_width  # a subset: the first `width` columns of the one-hot row
-    logits = _one_hot(tokens, spec.margin)[..., :width]
-    tokens = np.where(tokens < width, tokens, fx.UNK_ID)  # the argmax of zeros: id 0
+    if spec.proposer_vocab_map is not None:  # mapped: the map's columns; else its first id
+        ids = np.asarray(spec.proposer_vocab_map, np.int64)
+        logits = _one_hot(tokens, spec.margin)[..., ids]
+        tokens = np.where(np.isin(tokens, ids), tokens, ids[0])
+    else:
+        width = spec.proposer_width  # a subset: the first `width` columns of the one-hot row
+        logits = _one_hot(tokens, spec.margin)[..., :width]
+        tokens = np.where(tokens < width, tokens, fx.UNK_ID)  # the argmax of zeros: id 0
 
     projected = np.concatenate([np.zeros_like(carry[..., :fx.CARRY_WIDTH // 2]),
                                 carry[..., fx.CARRY_WIDTH // 2:]], axis=-1)

@@ -13,9 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from builders import definition as fx
 from builders.graphs import drafter_graph, target_graph
-from builders.metadata import chained_metadata, decoder_metadata
+from builders.metadata import VOCABULARY_MAP, chained_metadata, decoder_metadata
 from builders.tokenizer import build_tokenizer
 from speculant_tools.writing import write_metadata, write_model
 
@@ -95,6 +97,8 @@ def write_chained_package(root: str | Path, *, dtype: str = "float32",
         axis_style=axis_style, borrowed_binding=borrowed_binding, declare_scale=declare_scale,
         max_proposal_width=max_proposal_width, rollback_positions=rollback_positions,
         distribution_preserving=distribution_preserving, equivalence=equivalence)
+    if spec.proposer_vocab_map is not None:
+        np.asarray(spec.proposer_vocab_map, "<i8").tofile(root / VOCABULARY_MAP)
     title = "Chained pair fixture" + (f" (variant {variant})" if variant else "")
     write_metadata(document, root, _header(title, dtype, spec))
     if with_tokenizer:

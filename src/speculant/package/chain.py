@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
 import onnx
 
 from speculant.errors import AdmissionError, MetadataError, ProblemCollector, UnsupportedError
@@ -29,10 +31,12 @@ from speculant.package.common import (
 )
 from speculant.package.graphs import graph_ports, onnx_dtype_name, static_last
 from speculant.package.model import Document, TensorContract
+from speculant.package.paths import confine
 from speculant.package.plan import ChainPlan
 
 SPECULATIVE_IDENTITY = "onnx-genai.speculative"  # the speculative contract speculant implements
 MAX_LISTED_INITIALIZERS = 8
+MAP_PATH = "speculative.vocabulary.artifact"  # a mapped vocabulary's map
 NAME_AXES_REMEDY = "give each sequence-like extent its own symbol: run `speculant metadata " \
                    "name-axes PACKAGE`, which republishes the document with distinct symbols"
 
@@ -123,9 +127,6 @@ def _check_forms(doc: Document, out: ProblemCollector) -> None:
     if not is_empty(spec.verification):
         unsupported(out, "27", "a declared verification contract", "speculative.verification",
                     None, "absent (speculant verifies against the target's logits role)")
-    if spec.vocabulary.kind == "mapped":
-        unsupported(out, "27", "a mapped vocabulary", "speculative.vocabulary.kind", "mapped",
-                    "identical or subset")
     if pe.recurrent:
         unsupported(out, "27", "proposer-owned recurrent state", f"{PE}.recurrent", None,
                     "absent or empty")
@@ -283,9 +284,9 @@ def _check_bindings(doc: Document, facts: ChainFacts, out: ProblemCollector) -> 
 
 # -- admission: A6–A8 -----------------------------------------------------------------------
 def admit(doc: Document, graphs: dict[str, onnx.ModelProto], files: dict[str, str],
-          out: ProblemCollector) -> int | None:
+          out: ProblemCollector, root: Path) -> int | None:
     """A6 (the table is a target initializer), A7 (its shape and currency), A8 (widths and
-    vocabularies). Returns W_E when the table admits."""
+    vocabularies, a mapped vocabulary's map). Returns W_E when the table admits."""
     spec = doc.speculative
     if spec is None or spec.target not in graphs or spec.proposer not in graphs:
         return None
@@ -369,11 +370,42 @@ def admit(doc: Document, graphs: dict[str, onnx.ModelProto], files: dict[str, st
             out.add(AdmissionError, f"proposer vocabulary {proposer_vocab} exceeds the target's "
                     f"{target_vocab}", path=size_path, file=proposer_file, value=proposer_vocab,
                     expected=f"<= {target_vocab}", rule="A8")
+    if vocabulary.kind == "mapped":
+        _admit_map(root, str(vocabulary.artifact), proposer_vocab, target_vocab or v_e, out)
     if v_e is not None and proposer_vocab is not None and v_e < proposer_vocab:
         out.add(AdmissionError, f"embedding table has {v_e} rows, fewer than the proposer "
                 f"vocabulary {proposer_vocab}", path=table_path, file=target_file, value=v_e,
                 expected=f">= {proposer_vocab}", rule="A8")
     return w_e
+
+
+def read_vocabulary_map(path: Path) -> np.ndarray:
+    """[V_q], the target id of each proposer id: ``.npy``, else raw little-endian int64."""
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False)
+    if (size := path.stat().st_size) % 8:
+        raise ValueError(f"{size} bytes are not whole int64 values")
+    return np.fromfile(path, "<i8")
+
+
+def _admit_map(root: Path, artifact: str, width: int | None, vocab: int | None,
+               out: ProblemCollector) -> None:
+    """A8 for ``vocabulary: mapped``: one distinct target id per proposer id."""
+    file = confine(root, artifact, MAP_PATH, out, what="vocabulary map")
+    try:
+        ids = read_vocabulary_map(file) if file is not None else np.arange(width or 0)
+        problem = "is not a 1-D integer array" if ids.ndim != 1 or ids.dtype.kind not in "iu" \
+            else f"has {ids.size} entries for {width} proposer ids" if width not in (
+                None, ids.size) else "maps outside the target's ids" if ids.size and (
+                ids.min() < 0 or ids.max() >= (vocab or ids.max() + 1)) \
+            else "maps two proposer ids to one target id" if np.unique(ids).size < ids.size \
+            else None
+    except (OSError, ValueError, EOFError) as exc:
+        problem, ids = f"cannot be read: {exc}", np.zeros(0)
+    if problem is not None:
+        out.add(AdmissionError, f"vocabulary map '{artifact}' {problem}", path=MAP_PATH,
+                file=str(file), value=ids.tolist()[:16], rule="A8", expected=f"{width or 'V_q'}"
+                f" distinct target ids in [0, {vocab or 'V'}), .npy or raw little-endian int64")
 
 
 # -- what load derives ----------------------------------------------------------------------

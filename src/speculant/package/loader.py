@@ -94,7 +94,7 @@ def load_package(root: str | Path, device: str = "cpu") -> Package:
         files = {c: str(p) for c, p in artifacts.items()}
         io.admit(doc, graphs, files, admission)
         steps.admit(doc, graphs, files, admission)
-        embedding_width = chain.admit(doc, graphs, files, admission)
+        embedding_width = chain.admit(doc, graphs, files, admission, root)
     admission.raise_if_any()
 
     return Package(root=root, metadata_file=metadata_file, document=doc,

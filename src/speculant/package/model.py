@@ -365,6 +365,8 @@ class Vocabulary(Closed):
     def _fields_per_kind(self) -> Vocabulary:
         if self.kind == "subset" and self.proposer_vocab_size is None:
             raise field_error("proposer_vocab_size", "subset vocabulary needs proposer_vocab_size")
+        if self.kind == "mapped" and not self.artifact:
+            raise field_error("artifact", "mapped vocabulary needs artifact (its map's file)")
         return self
 
 

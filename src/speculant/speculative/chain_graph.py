@@ -33,6 +33,7 @@ import onnx
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 from speculant.errors import AdmissionError, ChainError
+from speculant.package.chain import read_vocabulary_map
 from speculant.package.model import Ports, TensorContract
 from speculant.package.package import Package
 from speculant.package.plan import ChainPlan
@@ -72,15 +73,20 @@ def step_component(package: Package) -> StepComponent:
     assert ports is not None
     step_shape = (*step_prefix(ports.inputs[chain.fused_port], chain), chain.fused_width)
     _check_names(model.graph, str(package.artifacts[name]))
-    _rewrite(model.graph, chain, step_shape, table, ports)
+    vocabulary, vocab = package.document.speculative.vocabulary, package.logits_width or 0
+    ids = read_vocabulary_map(package.root / vocabulary.artifact) \
+        if vocabulary.kind == "mapped" else None  # [V_q] target ids (admitted: A8)
+    _rewrite(model.graph, chain, step_shape, table, ports, ids, vocab)
     inputs = {port: c for port, c in ports.inputs.items() if port != chain.fused_port}
-    rank = len(step_shape)
-    currency = chain.currency
-    inputs[TABLE] = TensorContract(dtype=currency, rank=2, shape=list(table.dims))
+    inputs[TABLE] = TensorContract(dtype=chain.currency, rank=2, shape=list(table.dims))
     inputs[TOKEN] = TensorContract(dtype="int32", rank=1, shape=[1])
-    inputs[CARRY] = TensorContract(dtype=currency, rank=rank,
+    inputs[CARRY] = TensorContract(dtype=chain.currency, rank=len(step_shape),
                                    shape=[*step_shape[:-1], chain.carry_width])
     outputs = {**ports.outputs, NEXT: TensorContract(dtype="int32", rank=1, shape=[1])}
+    if ids is not None:  # the logits output scores the target's V ids
+        logits = outputs[chain.logits_output]
+        outputs[chain.logits_output] = logits.model_copy(update={"shape": [*logits.dims[:-1],
+                                                                           vocab]})
     return StepComponent(model.SerializeToString(),
                          Ports(inputs=inputs, outputs=outputs, roles=dict(ports.roles)))
 
@@ -128,7 +134,7 @@ def _check_names(graph: onnx.GraphProto, artifact: str) -> None:
 
 
 def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ...],
-             table: TensorProto, ports: Ports) -> None:
+             table: TensorProto, ports: Ports, ids: np.ndarray | None, vocab: int) -> None:
     fused = next(i for i in graph.input if i.name == chain.fused_port)
     elem_type = fused.type.tensor_type.elem_type
     graph.input.remove(fused)
@@ -161,6 +167,8 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
           if broadcast else []),
         helper.make_node("Concat", [row, CARRY], [chain.fused_port], axis=-1),
     ]
+    if ids is not None:
+        _map_scores(graph, chain.logits_output, logits_rank, ids, vocab)
     rows = helper.make_node("Flatten", [chain.logits_output], [n + "rows"], axis=logits_rank - 1)
     epilogue = [rows, *([  # the argmax of the last score row ([rows, V]: a view)
         helper.make_node("Gather", [n + "rows", n + "last_row"], [n + "scores"], axis=0),
@@ -172,6 +180,27 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
     del graph.node[:]
     graph.node.extend(nodes)
     graph.output.append(helper.make_tensor_value_info(NEXT, TensorProto.INT32, [1]))
+
+
+def _map_scores(graph: onnx.GraphProto, scores: str, rank: int, ids: np.ndarray,
+                vocab: int) -> None:
+    """A mapped vocabulary: the drafter's scores [..., V_q] (renamed) moved to their target
+    columns of the output ``scores`` [..., V], ``-inf`` on ids no proposer id maps to; so its
+    argmax, the draft, is a target id (the next step's token) and, sampling, ``q`` is 0 there."""
+    own, n = _PREFIX + "draft_scores", _PREFIX
+    for values in [v for node in graph.node for v in (node.input, node.output)]:
+        values[:] = [own if v == scores else v for v in values]
+    output = next(o for o in graph.output if o.name == scores)
+    for dim in output.type.tensor_type.shape.dim[-1:]:
+        dim.dim_value = vocab
+    columns = np.full(vocab, ids.size, np.int64)  # V_q: the padded -inf column
+    columns[ids] = np.arange(ids.size)
+    fill = np.asarray(-np.inf, helper.tensor_dtype_to_np_dtype(output.type.tensor_type.elem_type))
+    graph.initializer.extend(numpy_helper.from_array(value, n + key) for key, value in (
+        ("columns", columns), ("fill", fill), ("pads", _int64([0] * (2 * rank - 1) + [1]))))
+    graph.node.extend([helper.make_node("Pad", [own, n + "pads", n + "fill"], [n + "padded"]),
+                       helper.make_node("Gather", [n + "padded", n + "columns"], [scores],
+                                        axis=-1)])
 
 
 def _rank_of(graph: onnx.GraphProto, output: str, ports: Ports) -> int:

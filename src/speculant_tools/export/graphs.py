@@ -14,6 +14,7 @@ Attention uses the GQA layout ``[batch, kv_heads, groups, sequence, head_dim]`` 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -301,13 +302,16 @@ def _cache_dims(config: LlamaConfig, symbol: str) -> tuple:
 
 
 def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
-                 name: str = "target", *, cache: str = "appended") -> onnx.ModelProto:
+                 name: str = "target", *, cache: str = "appended",
+                 taps: dict[str, Any] | None = None) -> onnx.ModelProto:
     """The Llama decoder with explicit past/present KV (``weights`` from
     :func:`~speculant_tools.export.config.checked_weights`, already in ``dtype``).
 
     Query ``q`` of the pass (absolute position ``past + q``) sees keys ``<= past + q`` whose
     attention-mask entry is 1 (static: every key slot ``<= P + q``, ``P`` = ``cache_lengths``).
-    ``hidden_states`` is the output of the final norm.
+    ``hidden_states`` is the output of the final norm. ``taps`` (for a graph extended after:
+    importers/speculators) receives the value names ``layer_inputs`` (the residual stream
+    entering each layer, [b, s, hidden]; 0: the embeddings) and ``query_pos`` ([s] int64).
     """
     c = config
     g = _Graph(name, c, dtype, cache=cache)
@@ -331,9 +335,10 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
     rope = g.rope_at(position_ids)
 
     x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
-    presents = []
+    presents, layer_inputs = [], []
     for i, (past_key, past_value) in enumerate(pasts):
         prefix = f"model.layers.{i}"
+        layer_inputs.append(x)
         h = g.rms_norm(x, f"{prefix}.input_layernorm.weight")
         k = g.heads(g.linear(h, f"{prefix}.self_attn.k_proj.weight"), c.num_key_value_heads)
         k = g.from_float32(g.rotate(g.to_float32(k, dtype), rope), dtype)
@@ -349,6 +354,8 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
         h = g.rms_norm(x, f"{prefix}.post_attention_layernorm.weight")
         x = g.op("Add", [x, g.mlp(h, prefix)], "resid")
     hidden = g.rms_norm(x, "model.norm.weight")  # [b, s, hidden]
+    if taps is not None:
+        taps.update(layer_inputs=layer_inputs, query_pos=query_pos)
 
     g.decoder_outputs(hidden, presents)
     return g.finish("target")

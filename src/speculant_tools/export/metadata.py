@@ -217,18 +217,21 @@ def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
 
 def chained_section(*, proposer_vocab_size: int | None, max_proposal_width: int,
                     rollback_state: list[str], scale: float | None, table: str = EMBEDDING,
-                    distribution_preserving: bool = True) -> dict[str, Any]:
+                    distribution_preserving: bool = True,
+                    vocabulary_map: str | None = None) -> dict[str, Any]:
     """The ``speculative`` section of a chained pair: ``assistant`` proposes for ``target``,
     embedding each token through the target's ``table`` (times ``scale``; None declares none)
     and seeding its carry from the target's ``hidden_states``; the group ``attention`` is
     shared and ``rollback_state`` names its cells. ``proposer_vocab_size`` None: identical
-    vocabularies; an int: the drafter's subset."""
+    vocabularies; an int: the drafter's subset; ``vocabulary_map``: the artifact of a mapped
+    vocabulary's draft-to-target map."""
     token_embedding: dict[str, Any] = {"component": "target", "table": table}
     if scale is not None:
         token_embedding["scale"] = scale
     return {
         "proposer": "assistant", "target": "target",
-        "vocabulary": {"kind": "identical"} if proposer_vocab_size is None else
+        "vocabulary": {"kind": "mapped", "artifact": vocabulary_map} if vocabulary_map else
+        {"kind": "identical"} if proposer_vocab_size is None else
         {"kind": "subset", "proposer_vocab_size": proposer_vocab_size},
         "max_proposal_width": max_proposal_width,
         "distribution_preserving": distribution_preserving,

@@ -4,11 +4,13 @@
     import_model("model.gguf", "out")                       # a GGUF of the Llama family
     import_model("hf-checkpoint/", "out", dtype="float16")  # config.json + safetensors
     import_model("genai-model/", "out")                     # onnxruntime-genai's builder output
+    import_model("head.eagle3/", "out", target="my-llama")  # a speculators EAGLE head
 
 GGUF and Hugging Face checkpoints are read into a :class:`Checkpoint` (``gguf_file``,
 ``hf_folder``) and written with ``speculant_tools.export``'s Llama graphs
 (``checkpoint.write_checkpoint``); an onnxruntime-genai folder keeps its own graph
-(``genai_folder``).
+(``genai_folder``); a speculators head becomes the chained drafter beside its target's
+package (``speculators``).
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ from speculant_tools.importers.checkpoint import (
 __all__ = ["Checkpoint", "Drafter", "ImporterError", "detect", "import_model", "read_checkpoint",
            "read_drafter", "write_checkpoint"]
 
-KINDS = ("gguf", "hf", "genai")
+KINDS = ("gguf", "hf", "genai", "speculators")
 
 
 def detect(source: str | Path) -> str:
-    """``gguf``, ``hf`` or ``genai`` for ``source``; anything else is an ImporterError."""
+    """``gguf``, ``hf``, ``genai`` or ``speculators`` for ``source``; anything else is an
+    ImporterError."""
     from speculant_tools.importers.genai_folder import is_genai_folder
     from speculant_tools.importers.hf_folder import is_hf_folder
+    from speculant_tools.importers.speculators import is_speculators_folder
 
     path = Path(source)
     if path.is_file():
@@ -46,6 +50,8 @@ def detect(source: str | Path) -> str:
     if path.is_dir():
         if is_genai_folder(path):
             return "genai"
+        if is_speculators_folder(path):
+            return "speculators"
         if is_hf_folder(path):
             return "hf"
         raise ImporterError("this folder is neither a Hugging Face checkpoint nor an "
@@ -70,18 +76,36 @@ def read_checkpoint(source: str | Path, progress: Progress | None = None) -> Che
                         file=str(source), remedy="import it with import_model")
 
 
-def import_model(source: str | Path, out: str | Path, *, dtype: str = "float32",
+def import_model(source: str | Path, out: str | Path, *, dtype: str | None = None,
                  quantize: str | None = None, graph: str = "auto",
-                 cache: str = "static", progress: Progress | None = None) -> Path:
-    """Write the speculant package of ``source`` into ``out`` (a new or empty folder), its
-    caches in ``cache`` form (``static``: the fast path, docs/design/static-cache.md; or
-    ``appended``). An onnxruntime-genai folder keeps its own graph's form."""
-    check_quantize(quantize, dtype)
+                 cache: str | None = None, target: str | Path | None = None,
+                 max_proposal_width: int | None = None,
+                 progress: Progress | None = None) -> Path:
+    """Write the speculant package of ``source`` into ``out`` (a new or empty folder), in
+    ``dtype`` (default float32), its caches in ``cache`` form (default ``static``: the fast
+    path, docs/design/static-cache.md; or ``appended``). An onnxruntime-genai folder keeps its
+    own graph's form. A speculators head needs ``target`` (the package it drafts for: a
+    folder or a built-in name; its dtype and cache form are the defaults) and takes
+    ``max_proposal_width`` (default: the head's ``speculative_tokens``)."""
+    check_quantize(quantize, dtype or "float32")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ImporterError("the output folder exists and is not empty", file=str(out),
                             remedy="name a new folder")
-    if detect(source) == "genai":
+    kind = detect(source)
+    if kind == "speculators":
+        from speculant_tools.importers.speculators import import_speculators
+
+        if target is None or quantize is not None:
+            raise ImporterError("a speculators head is imported beside the package of its "
+                                "target, never quantized here", file=str(source),
+                                path="target" if target is None else "quantize",
+                                value=quantize, remedy="speculant import HEAD OUT --target "
+                                "TARGET_PACKAGE")
+        return import_speculators(source, target, out, dtype=dtype, cache=cache,
+                                  max_proposal_width=max_proposal_width, progress=progress)
+    dtype, cache = dtype or "float32", cache or "static"
+    if kind == "genai":
         from speculant_tools.importers.genai_folder import import_genai_folder
 
         if quantize is not None:
