@@ -1,27 +1,8 @@
-"""The drafter's step graph: one chained step is one ONNX Runtime run (issue 12, item 4).
+"""The drafter's step graph: one chained step is one ONNX Runtime run.
 
-docs/design/spec/runtime.md §9.4 builds each step's fused input with two seam operations (gather the
-scaled row of the last token, scatter it and the carry into the fused buffer) and reduces the step's
-scores with a third (argmax). At load the proposer's graph is rewritten, once, so that the same
-three happen inside it:
-
-    row   = Mul(Gather(TABLE, TOKEN), SCALE)                 # [1, W_E]: the scaled row
-    fused = Concat(row shaped to the step, CARRY, axis=-1)   # the fused port's value
-    ...   the proposer's graph, unchanged ...
-    NEXT  = Cast(ArgMax(last row of logits), int32)          # [1] int32: the step's draft
-
-``TABLE`` is bound to the target's table as stored (read once, never copied on the host),
-``SCALE`` is ``token_embedding.scale`` in the currency (no Mul where none is declared; one
-product of two currency values, rounded once, is §9.4's ``round(f32(e) · f32(scale))``),
-``TOKEN`` the id the step predicts the successor of, ``CARRY`` the previous step's carry:
-the fused input holds the bytes §9.4 writes, so every logit is the seam's loop's. A step's outputs
-are the next step's inputs, so on static caches the chain binds step ``j``'s ``NEXT`` and
-carry to the buffers step ``j + 1`` reads (``chain_steps.py``) and a step is one run — on
-CUDA one graph replay, with no kernel launched between steps.
-
-ArgMax is ONNX Runtime's: on ties it takes the first index, as ``argmax_rows`` does; a NaN
-row may pick another id than docs/design/spec/runtime.md §7's rule. A draft only decides what is
-verified, never what is committed, so that changes acceptance at most, never the output.
+At load the proposer's graph is rewritten once so that the step gathers and scales its
+token's row, fuses it with the carry and reduces its scores to an id inside itself
+(docs/design/chained.md, "The step graph"); a draft decides only what is verified.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """The chained drafter's steps on static caches: one pass plan per step index, bound so that
-each step reads what the step before it wrote (``chain_graph.py``: a step is one run).
-
-Made once per static buffer set (so once per engine and capacity, like the target's plans),
-after one checked run of the step graph::
-
-    ids      [K + 2] int32        ids[0] = s, ids[1] = p, ids[j + 1] = step j's draft (j >= 1)
-    carries  [K + 2, *carry]      carries[0] = carry_0, carries[j + 1] = step j's carry
-    plan j   TOKEN <- ids[j], CARRY <- carries[j]; NEXT -> ids[j + 1] (step 0: a scratch
-             slot: its prediction is p, known already; where a bootstrap session is given,
-             step 0 runs on it and writes only its carry), carry -> carries[j + 1],
-             logits -> one score buffer; every other input: one buffer all steps share
-             (positions and length written once per proposal, the borrowed caches the
-             target's buffers themselves, the table the chain's)
-
-``K`` is the package's bound on k. A proposal writes ``ids[0:2]``, ``carries[0]`` and the
-shared inputs, then runs plans ``0 … k``; its drafts are ``ids[2 : k + 2]``, where they were
-made. On CUDA each plan is a CUDA graph of its own (``K + 1`` per capacity).
-
-Where the chain runs unrolled (a device: ``chain_graph.chain_component``), a proposal of
-width ``k`` is one run instead: the plan of depth ``k + 1`` reads ``ids[0:2]`` and
-``carries[0]`` and writes its drafts into ``ids[2 : k + 2]`` (:meth:`ChainSteps.chain_plan`).
+each step reads what the step before it wrote (``chain_graph.py``: a step is one run); the
+buffers and their layout: docs/design/chained.md, "The steps on static caches".
 """
 
 from __future__ import annotations
