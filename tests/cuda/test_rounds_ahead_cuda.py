@@ -42,7 +42,9 @@ def test_queued_rounds_equal_rounds_one_at_a_time(demo_static, k, graphs, unroll
         calls.append(after is not None) or propose_after(state, after, cursor, width))
     want = one_at_a_time.generate(prompt, 64, speculative=True, k=k, stop_on_eos=False)
     got = engine.generate(prompt, 64, speculative=True, k=k, stop_on_eos=False)
-    assert got.token_ids == want.token_ids and sum(calls) > 0
+    assert got.token_ids == want.token_ids
+    # rounds queued behind rounds (k="auto" may take its greedy steps instead: queued steps)
+    assert sum(calls) > 0 or (k == "auto" and got.stats.queued_passes > 0)
     if k != "auto":  # auto chooses from measured times: its widths may differ run to run
         assert got.stats.trace == want.stats.trace and got.stats.accepted_drafts > 0
     assert got.stats.rollback_bytes_moved == 0
