@@ -1,5 +1,5 @@
-"""Greedy with a pass queued ahead of the host, on the GPU (speculative/decode.py's
-``greedy_ahead``): each pass's argmax is the next pass's token where it was made, its 4 bytes
+"""Greedy with a pass queued ahead of the host, on the GPU (speculative/round.py's
+``launch_step``): each pass's argmax is the next pass's token where it was made, its 4 bytes
 are read back after the next pass is queued (waiting for that event alone, on a second
 stream), and target passes are timed by events asked later, so nothing makes the device wait
 for the host between tokens. Tokens equal the appended greedy decode; a stop with a pass in

@@ -84,7 +84,7 @@ def recorded_drafts(engine: speculant.Engine, prompt, k: int) -> list[tuple[list
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(proposer, "propose", recording)
-        mp.setattr(proposer, "queues", lambda state: False)  # every round through propose
+        mp.setattr(proposer, "can_queue", lambda state: False)  # every round through propose
         engine.generate(list(prompt), MAX_NEW, proposer="chained", k=k)
     assert records
     return records

@@ -1,4 +1,4 @@
-"""Chained rounds queued behind one another (speculative/ahead.py's ``rounds_ahead``): each
+"""Chained rounds queued behind one another (speculative/round.py's ``launch_queued_round``): each
 round's start, ``s``, ``p``, ``carry_0`` and the drafter's positions and length advanced where
 the round runs from the last round's acceptance, before the host reads it. Driven on the CPU
 by setting the target's depth (a device's default is 1, the host's 0): greedy's tokens at
