@@ -63,11 +63,18 @@ def category_row(category: str, indices: Sequence[int], result: RunnerResult,
 
 
 def annotate(report: dict, run: BenchRun) -> dict:
-    """Add ``spec_bench`` to a bench report (nothing unless the run was a Spec-Bench run)."""
+    """Add ``spec_bench`` to a bench report (nothing unless the run was a Spec-Bench run):
+    per category, the package's runners, then each compared package's (× its own greedy)."""
     chosen = run.spec_bench
     greedy = next((r for r in run.results if not r.runner.is_speculative), None)
     if chosen is None or greedy is None:
         return report
+    contenders = [(run.results, greedy)]  # the package's runners, then each compared one's
+    for package in run.compared:
+        results = [r for r in run.compared_results if r.runner.label == package.label]
+        its_greedy = next((r for r in results if not r.runner.is_speculative), None)
+        if its_greedy is not None:
+            contenders.append((results, its_greedy))
     questions = chosen.questions
     groups = [(category, [i for i, q in enumerate(questions) if q.category == category])
               for category in categories(questions)]
@@ -84,8 +91,9 @@ def annotate(report: dict, run: BenchRun) -> dict:
                        "answer_tokens": n}
                       for q, length, n in zip(questions, run.prompts.lengths,
                                               run.prompts.new_tokens, strict=True)],
-        "rows": [category_row(category, indices, result, greedy)
-                 for category, indices in groups for result in run.results],
+        "rows": [category_row(category, indices, result, its_greedy)
+                 for category, indices in groups
+                 for results, its_greedy in contenders for result in results],
     }
     return report
 
