@@ -239,7 +239,7 @@ def versions() -> dict:
 
 
 def _source() -> dict | None:
-    root = Path(__file__).resolve().parents[3]  # src/speculant/bench/report.py -> checkout
+    root = Path(__file__).resolve().parents[2]  # src/speculant_bench/report.py -> checkout
     if shutil.which("git") is None or not (root / ".git").exists():
         return None
     try:

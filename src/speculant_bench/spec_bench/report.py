@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from speculant_bench.figures import decode_tokens_per_s, end_to_end_tokens_per_s
 from speculant_bench.run import BenchRun, RunnerResult
+from speculant_bench.spec_bench.prompts import CHAT_TEMPLATE
 from speculant_bench.spec_bench.questions import VENDORED, categories
 from speculant_bench.spread import Spread
 
@@ -121,7 +122,9 @@ def markdown(report: dict) -> list[str]:
         f"- questions: {len(section['questions'])} of the {section['questions_in_file']} in "
         f"Spec-Bench (`{section['file']}`, "
         + (f"at most {asked} per category" if asked else "all of them")
-        + f"), first turns rendered as {section['rendering']}",
+        + "), first turns " + ("rendered by the package's chat template"
+                               if section["rendering"] == CHAT_TEMPLATE
+                               else f"as {section['rendering']}"),
         f"- answers: greedy's, to the end of its turn or {section['max_new_tokens']} new tokens "
         f"({_span(answers)} tokens each, {sum(answers)} in all); every runner decodes each "
         "question's answer length, EOS masked",
