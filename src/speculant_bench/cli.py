@@ -47,6 +47,12 @@ def bench(
                                                      "default: 1 2 4 8 auto.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for bench.json, bench.md and the "
                                            "PNGs.")] = Path("bench-out"),
+    verify_widths: Annotated[list[int] | None, typer.Option(
+        "--verify-widths", min=1, help="Block sizes k + 1 of the target's verify-width cost "
+                                       "curve (repeatable; default: 1 2 3 5 9).")] = None,
+    width_repeats: Annotated[int | None, typer.Option(
+        min=1, help="Timed passes of each block size in the verify-width curve (default: "
+                    "20).")] = None,
     anchors: Annotated[list[str] | None, typer.Option(
         help="Other runtimes to time in the same run on the same weights: hf (transformers "
              "generate), genai (onnxruntime-genai); comma-separated or repeated. Skipped with "
@@ -58,6 +64,10 @@ def bench(
         help="A folder onnxruntime-genai's model builder made beforehand, for the genai "
              "anchor to decode instead of building one here (needs only onnxruntime-genai; "
              "its tokens are checked against greedy).")] = None,
+    compare: Annotated[list[str] | None, typer.Option(
+        help="Another package of the same model (same tokenizer) to time beside PACKAGE in "
+             "the same run, its runners interleaved with the package's: LABEL=PATH or PATH; "
+             "repeatable.")] = None,
     chat: Annotated[bool, typer.Option(
         "--chat", help="Each text prompt is one user message, rendered by the package's chat "
                        "template (with --spec-bench: a package without one is refused "
@@ -79,6 +89,7 @@ def bench(
     from speculant.errors import RequestError
     from speculant_bench.anchors import parse_anchors
     from speculant_bench.command import bench as run_bench_command
+    from speculant_bench.compared import parse_compared
     from speculant_bench.run import BenchConfig
     from speculant_bench.runners import KS, PROPOSERS, parse_widths
 
@@ -114,6 +125,12 @@ def bench(
                               "answers end at --max-new-tokens)"))
             return
     try:
+        compared = parse_compared(compare or [])
+    except ValueError as error:
+        fail(RequestError(str(error), path="--compare", value=compare,
+                          expected="LABEL=PATH or PATH, each label once"))
+        return
+    try:
         widths = parse_widths(k) if k else KS
     except ValueError as error:
         fail(RequestError(str(error), path="--k", value=k,
@@ -127,7 +144,9 @@ def bench(
                          repeats=repeats, threads=threads,
                          proposers=tuple(proposer or PROPOSERS), ks=widths,
                          anchors=anchor_names, anchor_dir=anchor_dir,
-                         genai_model=genai_model, chat=chat)
+                         genai_model=genai_model, chat=chat, compare=tuple(compared),
+                         widths=tuple(sorted(set(verify_widths or BenchConfig.widths))),
+                         width_repeats=width_repeats or BenchConfig.width_repeats)
     try:
         report = run_bench_command(config, out, shlex.join(["speculant", *sys.argv[1:]]),
                                    stderr)

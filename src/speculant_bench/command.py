@@ -53,7 +53,8 @@ def write_report(report: dict, out: Path, console: Console) -> list[str]:
     except ImportError:
         console.print("matplotlib is not installed, so the PNG plots are skipped (install "
                       "it with: pip install 'speculant[bench]')", highlight=False)
-    for runner in report["runners"] + report.get("anchors", {}).get("runners", []):
+    compared = [r for package in report.get("compared", []) for r in package["runners"]]
+    for runner in report["runners"] + compared + report.get("anchors", {}).get("runners", []):
         if not runner["decoded_every_token"] or runner["matches_greedy"] is False:
             differing = runner.get("prompts_differing_from_greedy")
             where = f" (prompt: first differing token {differing})" if differing else ""

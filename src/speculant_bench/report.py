@@ -21,6 +21,7 @@ from speculant_bench import limits
 from speculant_bench.anchors import report as anchor_report
 from speculant_bench.figures import decode_tokens_per_s, end_to_end_tokens_per_s, ttft_ms
 from speculant_bench.run import BenchRun, RunnerResult, Sample
+from speculant_bench.runners import Runner
 from speculant_bench.spec_bench import report as spec_bench_report
 from speculant_bench.spread import Spread
 
@@ -141,7 +142,43 @@ def summarize(run: BenchRun, command: str) -> dict:
         per_token = 1000 / greedy.per_repeat(decode_tokens_per_s).median
         report["runtime_overhead"] = {"greedy_ms_per_token": per_token, "bare_run_ms": bare_ms,
                                       "share": 1 - bare_ms / per_token}
+    if run.compared:
+        report["compared"] = summarize_compared(run)
     return spec_bench_report.annotate(anchor_report.annotate(report, run), run)
+
+
+def summarize_compared(run: BenchRun) -> list[dict]:
+    """Each compared package: its runners' records (× its own greedy), each runner's decode
+    tokens/s over the package's same runner (median over median, and per repeat), and whether
+    it decoded the package's greedy tokens (a compared target quantized differently may not)."""
+    ours = {result.runner: result for result in run.results}
+    our_greedy = ours.get(Runner())
+    packages = []
+    for package in run.compared:
+        results = [r for r in run.compared_results if r.runner.label == package.label]
+        greedy = next((r for r in results if not r.runner.is_speculative), None)
+        records = []
+        for result in results:
+            record = summarize_runner(result, greedy, run.prompts.new_tokens)
+            same = ours.get(result.runner.runner)
+            record["over_package_decode"] = None
+            record["over_package_decode_per_repeat"] = None
+            record["matches_package_greedy"] = None if our_greedy is None else \
+                not result.differences_from(our_greedy)
+            if same is not None:
+                mine = result.per_repeat(decode_tokens_per_s)
+                theirs = same.per_repeat(decode_tokens_per_s)
+                record["over_package_decode"] = mine.median / theirs.median
+                record["over_package_decode_per_repeat"] = Spread.of(
+                    [a / b for a, b in zip(mine.values, theirs.values, strict=True)]).as_dict()
+            records.append(record)
+        packages.append({
+            "label": package.label, "path": package.path,
+            "target": package.engine.package.plan.target,
+            "proposer": package.engine.package.plan.proposer, "runners": records,
+            "skipped": [{"name": r.name, "proposer": r.proposer, "k": r.k, "reason": reason}
+                        for r, reason in package.skipped]})
+    return packages
 
 
 def _shown(path: Path) -> str:
@@ -202,7 +239,7 @@ def versions() -> dict:
 
 
 def _source() -> dict | None:
-    root = Path(__file__).resolve().parents[3]  # src/speculant/bench/report.py -> checkout
+    root = Path(__file__).resolve().parents[2]  # src/speculant_bench/report.py -> checkout
     if shutil.which("git") is None or not (root / ".git").exists():
         return None
     try:
@@ -304,9 +341,40 @@ def markdown(report: dict) -> str:
                   f"runtime's share is {overhead['share']:.1%} (everything the runtime does "
                   "per token that does not overlap the device: binding, checks, the round, "
                   "argmax and read-back)."]
+    lines += compared_markdown(report)
     lines += limits.markdown(report)
     lines += anchor_report.markdown(report)
     return "\n".join(lines) + "\n"
+
+
+def compared_markdown(report: dict) -> list[str]:
+    """The compared packages' table (no lines when none was compared)."""
+    if not report.get("compared"):
+        return []
+    lines = ["", "## Compared packages (same run, same prompts, interleaved)", "",
+             f"The package: `{report['package']['path']}`. Each runner's decode tok/s, × its "
+             "own package's greedy, and × the package's same runner (median over median; "
+             "per repeat [min–max]).", "",
+             "| package | runner | decode tok/s | × its greedy | × the package's | "
+             "mean accepted length | = its greedy | = the package's greedy |",
+             "|---|---|---:|---:|---:|---:|:---:|:---:|"]
+    for package in report["compared"]:
+        for r in package["runners"]:
+            over = r["over_package_decode"]
+            spread = r["over_package_decode_per_repeat"]
+            mean = r["mean_accepted_length"]
+            same, ours = (("–" if value is None else "yes" if value else "NO")
+                          for value in (r["matches_greedy"], r["matches_package_greedy"]))
+            lines.append(
+                f"| {package['label']} (`{package['path']}`) | {r['name']} | "
+                f"{_spread_cell(r['decode_tokens_per_s'])} | {_ratio(r['speedup_decode'])} | "
+                + ("–" if over is None else
+                   f"{over:.2f}× [{spread['min']:.2f}–{spread['max']:.2f}]")
+                + f" | {'–' if mean is None else f'{mean:.2f}'} | {same} | {ours} |")
+    for package in report["compared"]:
+        for reason, names in _group_skipped(package["skipped"]).items():
+            lines += ["", f"{package['label']} skipped {', '.join(names)}: {reason}"]
+    return lines
 
 
 def _group_skipped(skipped: list[dict]) -> dict[str, list[str]]:

@@ -10,6 +10,9 @@ Anchors (``anchors=("hf", "genai")``, :mod:`speculant_bench.anchors`) are more r
 same rotation: other runtimes decoding the same weights with the same thread count, each
 producing the same record per decode (tokens, time to first token, total time).
 
+Compared packages (``compare=(("int4", path), ...)``, :mod:`speculant_bench.compared`) are
+more runners in the same rotation too: the package's runners on another package's engine.
+
 Spec-Bench (``spec_bench=True``, :mod:`speculant_bench.spec_bench`): the prompts are its
 questions' first turns, ``per_category`` of each category, and ``new_tokens`` caps each answer.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from itertools import chain, cycle, islice
 from pathlib import Path
@@ -26,12 +30,14 @@ from pathlib import Path
 from speculant.engine import Engine, load
 from speculant_bench import limits
 from speculant_bench.anchors import AnchorRunner, AnchorSetup, prepare_anchors
+from speculant_bench.compared import ComparedPackage, PackageRunner, load_compared
 from speculant_bench.prompts import PromptSet, find_prompt_file, fit_prompts, read_prompts
 from speculant_bench.runners import KS, PROPOSERS, Runner, Width, runner_list, why_unavailable
 from speculant_bench.spec_bench.prompts import SpecBenchSet, answer_lengths, spec_bench_prompts
 from speculant_bench.spread import Spread
 from speculant_bench.timing import (
     VERIFY_WIDTHS,
+    WIDTH_REPEATS,
     WIDTH_WARMUP,
     InvokeClock,
     WidthTiming,
@@ -53,12 +59,13 @@ class BenchConfig:
     threads: int | None = None  # ORT intra-op threads; None: every CPU this process may use
     proposers: tuple[str, ...] = PROPOSERS
     ks: tuple[Width, ...] = KS  # fixed widths and/or "auto"
-    widths: tuple[int, ...] = VERIFY_WIDTHS
-    width_repeats: int = 20
+    widths: tuple[int, ...] = VERIFY_WIDTHS  # block sizes k + 1 of the verify-width curve
+    width_repeats: int = WIDTH_REPEATS  # timed passes of each verify width
     anchors: tuple[str, ...] = ()  # other runtimes in the same run: "hf", "genai"
     anchor_dir: Path | None = None  # their checkpoints and models (None: a temporary folder)
     genai_model: Path | None = None  # a folder genai's builder made (None: build one here)
     chat: bool = False  # text prompts are user messages, rendered by the chat template
+    compare: tuple[tuple[str, str], ...] = ()  # (label, path): packages timed beside it
     spec_bench: bool = False  # the prompts are Spec-Bench's first turns (replaces prompts_file)
     per_category: int | None = None  # Spec-Bench questions per category (None: all)
 
@@ -89,7 +96,7 @@ class Sample:
 
 @dataclass
 class RunnerResult:
-    runner: Runner | AnchorRunner
+    runner: Runner | PackageRunner | AnchorRunner
     samples: list[list[Sample]] = field(default_factory=list)  # [repeat][prompt]
     stats: list = field(default_factory=list)  # DecodeStats per prompt, last repeat
     counts: list[dict] = field(default_factory=list)  # an anchor's counters per prompt
@@ -97,6 +104,11 @@ class RunnerResult:
     @property
     def is_anchor(self) -> bool:
         return isinstance(self.runner, AnchorRunner)
+
+    @property
+    def is_compared(self) -> bool:
+        """A runner of a compared package (not the package's own)."""
+        return isinstance(self.runner, PackageRunner)
 
     def per_repeat(self, figure: Callable[[list[Sample]], float]) -> Spread:
         return Spread.of([figure(samples) for samples in self.samples])
@@ -130,6 +142,8 @@ class BenchRun:
     anchor_results: list[RunnerResult] = field(default_factory=list)  # same run, same weights
     anchors: AnchorSetup | None = None  # what was asked for, skipped, and each runtime's facts
     spec_bench: SpecBenchSet | None = None  # Spec-Bench: the question of each prompt
+    compared: list[ComparedPackage] = field(default_factory=list)  # packages timed beside it
+    compared_results: list[RunnerResult] = field(default_factory=list)  # their runners
 
 
 class Progress:
@@ -179,6 +193,11 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
         else:
             skipped.append((runner, reason))
             progress.note(f"skipping {runner.name}: {reason}")
+    compared = load_compared(config.compare, engine, runner_list(config.proposers, config.ks),
+                             prompts.prompts[0], device=config.device, threads=threads)
+    for package in compared:
+        for runner, reason in package.skipped:
+            progress.note(f"skipping {package.label}: {runner.name}: {reason}")
     anchors = None
     if config.anchors:
         progress.note(f"preparing the anchors: {', '.join(config.anchors)}")
@@ -192,12 +211,13 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
                                   work=config.anchor_dir, note=progress.note,
                                   genai_model=config.genai_model)
     try:
-        every = measure(engine, [*runners, *(anchors.runners if anchors else [])], prompts,
-                        config, progress)
+        every = measure(engine, [*runners, *(r for c in compared for r in c.runners),
+                                 *(anchors.runners if anchors else [])], prompts, config,
+                        progress)
     finally:
         if anchors is not None:
             anchors.close()
-    results = [r for r in every if not r.is_anchor]
+    results = [r for r in every if not r.is_anchor and not r.is_compared]
 
     room = admitted.context_cap - max(config.widths) if admitted.context_cap else None
     length = min(WIDTH_CACHE_LENGTH, room) if room is not None else WIDTH_CACHE_LENGTH
@@ -213,13 +233,18 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     return BenchRun(config, engine, prompts, threads, results, skipped, widths, length,
                     load_average, limit,
                     anchor_results=[r for r in every if r.is_anchor], anchors=anchors,
-                    spec_bench=spec_bench)
+                    spec_bench=spec_bench, compared=compared,
+                    compared_results=[r for r in every if r.is_compared])
 
 
-def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: PromptSet,
-            config: BenchConfig, progress: Progress) -> list[RunnerResult]:
-    """Warm up, then time every runner over the prompt set ``config.repeats`` times. Anchors
-    first make one untimed pass with their counters on (``decode(..., count=True)``)."""
+def measure(engine: Engine, runners: Sequence[Runner | PackageRunner | AnchorRunner],
+            prompts: PromptSet, config: BenchConfig, progress: Progress) -> list[RunnerResult]:
+    """Warm up, then time every runner over the prompt set ``config.repeats`` times (a
+    `Runner` on ``engine``, a `PackageRunner` on its own). Anchors first make one untimed
+    pass with their counters on (``decode(..., count=True)``)."""
+    def engine_of(runner: Runner | PackageRunner) -> Engine:
+        return runner.engine if isinstance(runner, PackageRunner) else engine
+
     results = [RunnerResult(r) for r in runners]
     anchors = [r for r in results if r.is_anchor]
     if anchors:
@@ -235,11 +260,14 @@ def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: P
                 if isinstance(runner, AnchorRunner):
                     runner.decode(list(prompt), n)
                 else:
-                    engine.generate(list(prompt), runner.options(n))
+                    engine_of(runner).generate(list(prompt), runner.options(n))
                 progress.advance()
 
     progress.start("timed repeats", len(runners) * len(prompts.prompts) * config.repeats)
-    with InvokeClock(engine) as clock:
+    with ExitStack() as stack:
+        engines = {id(engine_of(r.runner)): engine_of(r.runner) for r in results
+                   if not r.is_anchor}
+        clocks = {key: stack.enter_context(InvokeClock(e)) for key, e in engines.items()}
         for repeat in range(config.repeats):
             gc.collect()
             for result in results:
@@ -255,8 +283,10 @@ def measure(engine: Engine, runners: Sequence[Runner | AnchorRunner], prompts: P
                                                          done.ttft_s, None, None, None))
                         progress.advance()
                         continue
+                    decoding = engine_of(result.runner)
+                    clock = clocks[id(decoding)]
                     clock.reset()
-                    generation = engine.generate(list(prompt), result.runner.options(n))
+                    generation = decoding.generate(list(prompt), result.runner.options(n))
                     result.samples[-1].append(Sample(
                         generation.token_ids, generation.total_s,
                         generation.time_to_first_token_s, clock.target_s(skip_first=1),

@@ -25,6 +25,7 @@ from speculant.workflow.state import DecodeState
 
 VERIFY_WIDTHS = (1, 2, 3, 5, 9)  # block sizes k + 1 for k = 0, 1, 2, 4, 8
 WIDTH_WARMUP = 3  # untimed passes of each width before the timed ones
+WIDTH_REPEATS = 20  # timed passes of each width
 
 
 class InvokeClock:
@@ -94,7 +95,7 @@ class WidthTiming:
 
 def verify_width_curve(engine: Engine, context_ids: Sequence[int],
                        widths: Sequence[int] = VERIFY_WIDTHS, *, warmup: int = WIDTH_WARMUP,
-                       repeats: int = 20, on_step=None) -> list[WidthTiming]:
+                       repeats: int = WIDTH_REPEATS, on_step=None) -> list[WidthTiming]:
     """Time target passes of each block width over the cache a prefill of ``context_ids``
     leaves (fixed cache length ``len(context_ids)``); widths interleave within each repeat so
     drift hits them alike. The block is the context's tokens again (real ids, not zeros)."""

@@ -1,5 +1,6 @@
-"""The bench's k = auto runners, its --chat prompts and the genai anchor on a prebuilt folder
-(--genai-model): the option logic, checked without onnxruntime-genai, torch or a real model."""
+"""The bench's k = auto runners, its verify-width curve's block sizes, its --chat prompts and
+the genai anchor on a prebuilt folder (--genai-model): the option logic, checked without
+onnxruntime-genai, torch or a real model."""
 
 from __future__ import annotations
 
@@ -78,6 +79,25 @@ def test_genai_auto_is_its_adaptive_width_paired_with_speculant_auto():
     runner = AnchorRunner("genai", "ngram", "auto", decode=None)
     assert runner.name == "genai ngram k=auto"
     assert runner.counterpart == Runner("prompt_lookup", "auto")
+
+
+# -- --verify-widths ---------------------------------------------------------------------------
+def test_the_verify_width_curve_times_the_block_sizes_asked_for(pair_path, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [
+        "bench", str(pair_path), "--proposer", "prompt_lookup", "--k", "2", "--new-tokens", "4",
+        "--warmup", "0", "--repeats", "2", "--threads", "1", "--verify-widths", "5",
+        "--verify-widths", "1", "--verify-widths", "5", "--width-repeats", "2", "--out",
+        str(out)])
+    assert result.exit_code == 0, result.output
+    curve = json.loads((out / "bench.json").read_text())["verify_width"]
+    assert [w["width"] for w in curve["widths"]] == [1, 5] and curve["repeats"] == 2
+    assert all(len(w["pass_ms"]["values"]) == 2 for w in curve["widths"])
+
+
+def test_the_cli_refuses_a_block_size_below_one():
+    result = CliRunner().invoke(app, ["bench", "--verify-widths", "0"])
+    assert result.exit_code == 2 and "--verify-widths" in result.output
 
 
 # -- --chat ------------------------------------------------------------------------------------

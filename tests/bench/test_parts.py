@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 import speculant
 from builders import encode
 from speculant.errors import RequestError
+from speculant_bench import report as reports
 from speculant_bench.prompts import find_prompt_file, fit_prompts, read_prompts
 from speculant_bench.spread import Spread
 from speculant_bench.timing import InvokeClock
@@ -100,3 +104,12 @@ def test_invoke_clock_counts_every_invoke_and_restores(pair_path):
         assert 0 < clock.target_s(skip_first=1) < clock.target_s()
     assert {name: s.observers for name, s in engine.sessions.items()} == before  # removed
     assert all("invoke" not in vars(s) for s in engine.sessions.values())  # nothing patched
+
+
+def test_the_report_names_the_commit_of_the_checkout_it_runs_from():
+    checkout = Path(reports.__file__).resolve().parents[2]
+    if shutil.which("git") is None or not (checkout / ".git").exists():
+        pytest.skip("speculant_bench is not installed from a git checkout here")
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    assert reports.versions()["source"]["commit"] == head

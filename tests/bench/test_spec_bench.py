@@ -17,7 +17,7 @@ from speculant.cli import full_app
 from speculant.engine import load
 from speculant.errors import RequestError
 from speculant_bench import BenchConfig, run_bench
-from speculant_bench.report import summarize
+from speculant_bench.report import markdown, summarize
 from speculant_bench.spec_bench import prompts as spec_prompts
 from speculant_bench.spec_bench.questions import (
     MT_BENCH,
@@ -214,7 +214,7 @@ def test_the_tables_accounting_adds_up(cli_spec_bench):
 def test_the_markdown_names_the_rendering_and_holds_the_overall_rows(cli_spec_bench):
     report, text = cli_spec_bench
     assert "## Spec-Bench, first turns" in text
-    assert "first turns rendered as chat template" in text
+    assert "first turns rendered by the package's chat template" in text
     assert "| **overall** | 6 | greedy | " in text
     assert text.count("| **overall** |") == len(report["runners"])
     assert f"or {MAX_NEW_TOKENS} new tokens" in text
@@ -227,6 +227,7 @@ def test_a_package_without_a_chat_template_decodes_plain_first_turns_and_says_so
     report = summarize(run, "speculant bench --spec-bench")
     assert report["spec_bench"]["rendering"] == spec_prompts.PLAIN_TEXT
     assert report["prompts"]["source"].endswith(spec_prompts.PLAIN_TEXT)
+    assert f"first turns as {spec_prompts.PLAIN_TEXT}" in markdown(report)
     with pytest.raises(RequestError, match="no chat template"):
         run_bench(BenchConfig(plain_pair, new_tokens=6, warmup=0, repeats=2, threads=1,
                               spec_bench=True, per_category=1, chat=True))

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from speculant_bench.figures import decode_tokens_per_s, end_to_end_tokens_per_s
 from speculant_bench.run import BenchRun, RunnerResult
+from speculant_bench.spec_bench.prompts import CHAT_TEMPLATE
 from speculant_bench.spec_bench.questions import VENDORED, categories
 from speculant_bench.spread import Spread
 
@@ -63,11 +64,18 @@ def category_row(category: str, indices: Sequence[int], result: RunnerResult,
 
 
 def annotate(report: dict, run: BenchRun) -> dict:
-    """Add ``spec_bench`` to a bench report (nothing unless the run was a Spec-Bench run)."""
+    """Add ``spec_bench`` to a bench report (nothing unless the run was a Spec-Bench run):
+    per category, the package's runners, then each compared package's (× its own greedy)."""
     chosen = run.spec_bench
     greedy = next((r for r in run.results if not r.runner.is_speculative), None)
     if chosen is None or greedy is None:
         return report
+    contenders = [(run.results, greedy)]  # the package's runners, then each compared one's
+    for package in run.compared:
+        results = [r for r in run.compared_results if r.runner.label == package.label]
+        its_greedy = next((r for r in results if not r.runner.is_speculative), None)
+        if its_greedy is not None:
+            contenders.append((results, its_greedy))
     questions = chosen.questions
     groups = [(category, [i for i, q in enumerate(questions) if q.category == category])
               for category in categories(questions)]
@@ -84,8 +92,9 @@ def annotate(report: dict, run: BenchRun) -> dict:
                        "answer_tokens": n}
                       for q, length, n in zip(questions, run.prompts.lengths,
                                               run.prompts.new_tokens, strict=True)],
-        "rows": [category_row(category, indices, result, greedy)
-                 for category, indices in groups for result in run.results],
+        "rows": [category_row(category, indices, result, its_greedy)
+                 for category, indices in groups
+                 for results, its_greedy in contenders for result in results],
     }
     return report
 
@@ -113,7 +122,9 @@ def markdown(report: dict) -> list[str]:
         f"- questions: {len(section['questions'])} of the {section['questions_in_file']} in "
         f"Spec-Bench (`{section['file']}`, "
         + (f"at most {asked} per category" if asked else "all of them")
-        + f"), first turns rendered as {section['rendering']}",
+        + "), first turns " + ("rendered by the package's chat template"
+                               if section["rendering"] == CHAT_TEMPLATE
+                               else f"as {section['rendering']}"),
         f"- answers: greedy's, to the end of its turn or {section['max_new_tokens']} new tokens "
         f"({_span(answers)} tokens each, {sum(answers)} in all); every runner decodes each "
         "question's answer length, EOS masked",
