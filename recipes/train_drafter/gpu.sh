@@ -3,18 +3,22 @@
 #
 #   bash recipes/train_drafter/gpu.sh receive .train-drafter/cN   # one staged chunk (stage.sh);
 #        the last one installs every wheel into /tmp/site
+#   bash recipes/train_drafter/gpu.sh restore .train-drafter/resume   # carried checkpoint parts
+#        (checkpoint.tar.part-*, one or more a call) gathered in /tmp/train-drafter-parts
 #   bash recipes/train_drafter/gpu.sh train "$OUT" [MINUTES] [-- train-drafter options]
 #        one training call (default 8 minutes): the first makes the corpus and starts the
 #        drafter in /tmp/train-drafter, every later call on the same warm machine resumes it
-#        (--resume is added when a checkpoint is there); a fresh machine with the checkpoint
-#        carried back (.train-drafter/resume/checkpoint.tar.part-*) resumes from that and
-#        makes the corpus again. $OUT receives: drafter.npz, drafter_config.json,
+#        (--resume is added when a checkpoint is there); on a fresh machine the parts
+#        gathered by `restore` are the checkpoint (the corpus is made again). $OUT receives: drafter.npz, drafter_config.json,
 #        drafter_report.json, loss_curves.png, train_log.jsonl and the checkpoint as
 #        checkpoint.tar.part-aa, -ab, -ac (at most 11 MiB each, so each can be carried back).
+#        TARGET (default smollm2) names another package; WORK (default /tmp/train-drafter)
+#        another folder.
 set -uo pipefail
-phase=${1:?phase: receive or train}
+phase=${1:?phase: receive, restore or train}
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-work=/tmp/train-drafter
+work=${WORK:-/tmp/train-drafter}
+parts=/tmp/train-drafter-parts
 
 receive() {
   local chunk=${1:?the chunk folder}
@@ -39,15 +43,15 @@ train() {
   shift; [ $# -gt 0 ] && shift
   [ "${1:-}" = "--" ] && shift
   mkdir -p "$out" "$work"
-  if [ ! -f "$work/checkpoint/drafter.pt" ] && ls .train-drafter/resume/checkpoint.tar.part-* \
+  if [ ! -f "$work/checkpoint/drafter.pt" ] && ls "$parts"/checkpoint.tar.part-* \
       >/dev/null 2>&1; then
-    cat .train-drafter/resume/checkpoint.tar.part-* | tar -xf - -C "$work" || exit 1
-    echo "resuming from the carried checkpoint"
+    cat "$parts"/checkpoint.tar.part-* | tar -xf - -C "$work" || exit 1
+    echo "resuming from the carried checkpoint ($(ls "$parts" | wc -l) parts)"
   fi
   local resume=()
   [ -f "$work/checkpoint/drafter.pt" ] && resume=(--resume)
-  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-  python3 -m speculant train-drafter smollm2 "$work" --device cuda --minutes "$minutes" \
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
+  python3 -m speculant train-drafter "${TARGET:-smollm2}" "$work" --device cuda --minutes "$minutes" \
     --no-write-package "${resume[@]}" "$@"
   local status=$?
   for f in drafter.npz drafter_config.json drafter_report.json loss_curves.png train_log.jsonl; do
@@ -65,6 +69,8 @@ print(json.dumps({k: r[k] for k in ('validation_loss', 'mean_accepted_length_k4'
 
 case "$phase" in
   receive) receive "${2:-}" ;;
+  restore) mkdir -p "$parts" && cp "${2:?the folder of carried parts}"/checkpoint.tar.part-* "$parts"/ &&
+           ls -la "$parts" ;;
   train) shift; train "$@" ;;
-  *) echo "unknown phase $phase (receive or train)" >&2; exit 2 ;;
+  *) echo "unknown phase $phase (receive, restore or train)" >&2; exit 2 ;;
 esac
