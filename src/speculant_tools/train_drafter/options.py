@@ -44,7 +44,7 @@ class TrainOptions:
     lr: float = 1e-3
     warmup_steps: int = 40
     max_steps: int = 0  # > 0: at most this many training steps in this call
-    validate_every: int = 200  # steps between validation losses
+    validate_every: int = 500  # steps between validation losses
     checkpoint_seconds: float = 120.0  # between checkpoints during training
     reserve_seconds: float = 45.0  # kept after training for the evaluation and the export
     write_package: bool = True  # OUT/package: the pair, float32, static caches
