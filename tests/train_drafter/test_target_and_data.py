@@ -18,6 +18,7 @@ from tiny_target import CHAT_TEMPLATE, CONFIG, checkpoint, write_tiny_package  #
 
 from speculant.text.chat import ChatTemplate  # noqa: E402
 from speculant.text.tokenizer import Tokenizer  # noqa: E402
+from speculant_tools.export import export_hf  # noqa: E402
 from speculant_tools.export.graphs import CONFIG_KEY  # noqa: E402
 from speculant_tools.importers import write_checkpoint  # noqa: E402
 from speculant_tools.train_drafter import TrainDrafterError, TrainOptions  # noqa: E402
@@ -219,6 +220,20 @@ def test_the_user_turn_opener_is_the_template_up_to_the_user_content(tiny_packag
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
     assert chat.request_text(tokenizer.encode("Add 2 and 3.") + [2, 5]) == ("Add 2 and 3.", True)
     assert chat.request_text(tokenizer.encode("Add 2 and")) == ("Add 2 and", False)
+
+
+def test_a_checkpoint_folder_and_the_package_give_the_same_target(tmp_path, tiny_package):
+    """The package's weights written back as a Hugging Face folder (``export_hf``, with the
+    chat template beside) read as the same target."""
+    pytest.importorskip("safetensors")
+    folder = export_hf(tiny_package, tmp_path / "hf")
+    shutil.copyfile(tiny_package / "tokenizer_config.json", folder / "tokenizer_config.json")
+    from_package, from_folder = read_source(tiny_package), read_source(folder)
+    assert from_folder.config == from_package.config
+    assert from_folder.chat_template == from_package.chat_template == CHAT_TEMPLATE
+    assert sorted(from_folder.weights) == sorted(from_package.weights)
+    for name, array in from_package.weights.items():
+        np.testing.assert_array_equal(from_folder.weights[name], array)
 
 
 # -- typed errors ----------------------------------------------------------------------------
