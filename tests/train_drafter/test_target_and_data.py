@@ -18,6 +18,7 @@ from tiny_target import CHAT_TEMPLATE, CONFIG, checkpoint, write_tiny_package  #
 
 from speculant.text.chat import ChatTemplate  # noqa: E402
 from speculant.text.tokenizer import Tokenizer  # noqa: E402
+from speculant_tools.export import export_hf  # noqa: E402
 from speculant_tools.export.graphs import CONFIG_KEY  # noqa: E402
 from speculant_tools.importers import write_checkpoint  # noqa: E402
 from speculant_tools.train_drafter import TrainDrafterError, TrainOptions  # noqa: E402
@@ -34,6 +35,7 @@ from speculant_tools.train_drafter.magpie import (  # noqa: E402
     clean_requests,
     split_by_request,
 )
+from speculant_tools.train_drafter.objective import Batch, Objective, chained_loss  # noqa: E402
 from speculant_tools.train_drafter.pipeline import train_drafter  # noqa: E402
 from speculant_tools.train_drafter.source import read_source  # noqa: E402
 
@@ -124,6 +126,50 @@ def test_the_vectorised_chain_equals_one_round_written_plainly(target):
         assert drafts[0, c].tolist() == plain
 
 
+def test_the_chained_loss_equals_its_definition_written_plainly(target):
+    """Every step's KL and the teacher-forced KL of ``chained_loss``, recomputed context by
+    context with the plain one-query step: rows are the answer-side contexts c whose c + j
+    still has a next token; the teacher is the target's softmax over the first N ids at
+    c + j; the mean is over all rows of the batch."""
+    drafter = ChainedDrafter(CONFIG, 40)
+    torch.manual_seed(4)
+    for parameter in drafter.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    examples = [{"ids": IDS[0], "prompt_len": 4}, {"ids": IDS[0][:8], "prompt_len": 3}]
+    objective = Objective(head_rows=30, unroll=3, teacher_forcing_weight=0.5)
+    with torch.no_grad():
+        parts = chained_loss(target, drafter, Batch.of(examples, torch.device("cpu")),
+                             objective)
+    step_kl = [[] for _ in range(objective.unroll)]
+    forced_kl = []
+    for example in examples:
+        ids, prompt_len = torch.tensor([example["ids"]]), example["prompt_len"]
+        with torch.no_grad():
+            state = target.features(ids)
+        teacher = torch.log_softmax(target.logits(state.hidden[0], 30), -1)  # [T, N]
+
+        def kl(carry, at, teacher=teacher):
+            log_q = torch.log_softmax(target.logits(carry[0, 0], 30), -1)
+            return float((teacher[at].exp() * (teacher[at] - log_q)).sum())
+
+        for c in range(prompt_len - 1, ids.shape[1] - 1):
+            cos, sin = rope_tables(torch.tensor([c]), CONFIG.head_dim, CONFIG.rope_theta)
+            keys, values = state.keys[:, :, :c + 1], state.values[:, :, :c + 1]
+            carry = state.hidden[:, c:c + 1]
+            for j in range(objective.unroll):
+                if c + j > ids.shape[1] - 2:
+                    break
+                carry = _one_step(drafter, target, ids[:, c + j:c + j + 1], carry, cos, sin,
+                                  keys, values)
+                step_kl[j].append(kl(carry, c + j))
+            if c + 1 <= ids.shape[1] - 2:
+                forced = _one_step(drafter, target, ids[:, c + 1:c + 2],
+                                   state.hidden[:, c:c + 1], cos, sin, keys, values)
+                forced_kl.append(kl(forced, c + 1))
+    assert parts.step_kl == pytest.approx([sum(k) / len(k) for k in step_kl], rel=1e-4)
+    assert parts.teacher_forced_kl == pytest.approx(sum(forced_kl) / len(forced_kl), rel=1e-4)
+
+
 def _one_step(drafter, target, token, carry, cos, sin, keys, values):
     """One step whose one query reads every key of ``keys`` [B, kv, S, d]: the query
     repeated over S rows (the rows do not interact), the last row sees all S keys."""
@@ -174,6 +220,20 @@ def test_the_user_turn_opener_is_the_template_up_to_the_user_content(tiny_packag
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
     assert chat.request_text(tokenizer.encode("Add 2 and 3.") + [2, 5]) == ("Add 2 and 3.", True)
     assert chat.request_text(tokenizer.encode("Add 2 and")) == ("Add 2 and", False)
+
+
+def test_a_checkpoint_folder_and_the_package_give_the_same_target(tmp_path, tiny_package):
+    """The package's weights written back as a Hugging Face folder (``export_hf``, with the
+    chat template beside) read as the same target."""
+    pytest.importorskip("safetensors")
+    folder = export_hf(tiny_package, tmp_path / "hf")
+    shutil.copyfile(tiny_package / "tokenizer_config.json", folder / "tokenizer_config.json")
+    from_package, from_folder = read_source(tiny_package), read_source(folder)
+    assert from_folder.config == from_package.config
+    assert from_folder.chat_template == from_package.chat_template == CHAT_TEMPLATE
+    assert sorted(from_folder.weights) == sorted(from_package.weights)
+    for name, array in from_package.weights.items():
+        np.testing.assert_array_equal(from_folder.weights[name], array)
 
 
 # -- typed errors ----------------------------------------------------------------------------

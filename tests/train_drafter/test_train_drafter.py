@@ -19,7 +19,8 @@ import speculant  # noqa: E402
 from speculant.cli import full_app  # noqa: E402
 from speculant.text.chat import ChatTemplate  # noqa: E402
 from speculant.text.tokenizer import Tokenizer  # noqa: E402
-from speculant_tools.export import drafter_shapes, read_weights  # noqa: E402
+from speculant_tools.export import LlamaConfig, drafter_shapes, read_weights  # noqa: E402
+from speculant_tools.importers import read_drafter  # noqa: E402
 from speculant_tools.train_drafter.corpus import load_corpus  # noqa: E402
 from speculant_tools.train_drafter.magpie import ChatPrompts, normalized  # noqa: E402
 
@@ -68,6 +69,9 @@ def test_the_drafter_files_are_what_the_builtin_reads(trained):
     out, _ = trained
     settings = json.loads((out / "drafter_config.json").read_text())
     assert settings["draft_vocab_size"] == DRAFT_VOCAB and settings["max_proposal_width"] == 8
+    target_config = LlamaConfig.from_hf(settings["target"]["config"])  # as the builtin's test
+    shipped = read_drafter(out, target_config)  # as the built-in import reads them
+    assert shipped.vocab_size == DRAFT_VOCAB and shipped.scale == target_config.hidden_size ** 0.5
     config, _, drafter = read_weights(out / "package")
     assert config.draft_vocab_size == DRAFT_VOCAB
     with np.load(out / "drafter.npz") as archive:

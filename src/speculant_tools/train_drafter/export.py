@@ -97,7 +97,8 @@ def plot_losses(log_path: Path, png: Path) -> bool:
         elif record.get("kind") == "val":
             val.append(record)
     figure, (loss_axes, agree_axes) = plt.subplots(1, 2, figsize=(12, 4.5))
-    loss_axes.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1,
+    marker = "." if len(train) < 20 else None  # a short run: its few points visible
+    loss_axes.plot([r["step"] for r in train], [r["loss"] for r in train], lw=1, marker=marker,
                    label="training loss (weighted KL)")
     loss_axes.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o",
                    label="validation loss (held-out requests)")
@@ -110,7 +111,7 @@ def plot_losses(log_path: Path, png: Path) -> bool:
         rows = [r for r in train if len(r["step_agree"]) > j]
         label = "bootstrap" if j == 0 else f"draft {j}"
         agree_axes.plot([r["step"] for r in rows], [r["step_agree"][j] for r in rows], lw=1,
-                        label=label)
+                        marker=marker, label=label)
     agree_axes.set_xlabel("step")
     agree_axes.set_ylabel("argmax agreement with the target (training batch)")
     agree_axes.legend(fontsize=8)

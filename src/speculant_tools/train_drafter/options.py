@@ -29,7 +29,7 @@ class TrainOptions:
     held_out_fraction: float = 0.04  # of the requests, by request
     answer_tokens: int = 256  # the longest training answer
     sampled_passes: int = 2  # sampled answers to every training request, after the greedy ones
-    generation_batch: int = 1024  # prompts decoded at once
+    generation_batch: int = 2048  # prompts decoded at once
     data_share: float = 0.5  # of the budget, at most, for the corpus
     num_eval: int = 64  # held-out requests whose greedy streams measure acceptance
     eval_tokens: int = 128  # the longest held-out greedy stream (the report's max_new_tokens)
@@ -44,7 +44,7 @@ class TrainOptions:
     lr: float = 1e-3
     warmup_steps: int = 40
     max_steps: int = 0  # > 0: at most this many training steps in this call
-    validate_every: int = 200  # steps between validation losses
+    validate_every: int = 500  # steps between validation losses
     checkpoint_seconds: float = 120.0  # between checkpoints during training
     reserve_seconds: float = 45.0  # kept after training for the evaluation and the export
     write_package: bool = True  # OUT/package: the pair, float32, static caches
