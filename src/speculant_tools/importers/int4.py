@@ -63,7 +63,7 @@ def quantize_int4(path: Path, accuracy_level: int = ACCURACY_LEVEL, *, bits: int
                   keep: frozenset[str] = frozenset()) -> int:
     """Rewrite the float32 graph at ``path`` with int4 MatMulNBits; returns their count
     (the caller checked the dtype: ``checkpoint.check_quantize``). ``bits``, ``block_size``,
-    ``symmetric`` and ``keep`` (weights left in float) are for scripts/drafter_quant_sweep.py."""
+    ``symmetric`` and ``keep`` (weights left in float) choose other variants to compare."""
     import logging
 
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
