@@ -14,7 +14,7 @@ from speculant.engine import Engine
 from speculant.errors import RequestError
 from speculant.speculative.kinds import NAMES
 from speculant.speculative.width import AUTO  # the k whose width follows acceptance
-from speculant.workflow.options import GenerationOptions
+from speculant.workflow.options import GenerationOptions, parse_width
 
 PROPOSERS = NAMES  # every proposer kind a bench asks for by default
 Width = int | str  # a fixed k >= 1, or AUTO
@@ -26,16 +26,12 @@ def parse_widths(values: Sequence[str]) -> tuple[Width, ...]:
     but a positive integer or ``auto`` raises ValueError naming the value."""
     widths: list[Width] = []
     for value in values:
-        text = str(value).strip().lower()
-        width: Width
-        if text == AUTO:
-            width = AUTO
-        elif text.isdigit() and int(text) >= 1:
-            width = int(text)
-        else:
+        try:  # the runtime's one parser of k, on command-line text
+            width = parse_width(str(value).strip().lower(), is_text=True)
+        except RequestError as exc:
             raise ValueError(f"k = {value!r} is neither a width (an integer >= 1) nor "
-                             f"{AUTO!r}")
-        if width not in widths:
+                             f"{AUTO!r}") from exc
+        if width is not None and width not in widths:
             widths.append(width)
     return tuple(widths)
 

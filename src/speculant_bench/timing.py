@@ -156,20 +156,3 @@ class BareRun:
         self.session.run_with_iobinding(self.binding, self.options)  # waits for the device
         self.engine.seam.synchronize(self.engine.device)
         return time.perf_counter() - started
-
-
-def prompts_rate(engine: Engine, prompts: Sequence[Sequence[int]], k: int | str | None,
-                 new_tokens: int = 64) -> tuple[float, list[list[int]]]:
-    """Tokens/s of whole ``generate`` calls over ``prompts`` (EOS masked; ``k`` None: greedy,
-    else chained at ``k``), and the tokens of each: the A/B scripts' one runner."""
-    options: dict = dict(max_new_tokens=new_tokens, stop_on_eos=False)
-    if k is not None:
-        options.update(proposer="chained", k=int(k) if str(k).isdigit() else k)
-    seconds, tokens, outputs = 0.0, 0, []
-    for prompt in prompts:
-        started = time.perf_counter()
-        result = engine.generate(list(prompt), **options)
-        seconds += time.perf_counter() - started
-        tokens += len(result.token_ids)
-        outputs.append(list(result.token_ids))
-    return tokens / seconds, outputs
