@@ -1,4 +1,4 @@
-"""The committed SmolLM2 drafter (recipes/smollm2_drafter) is what the pair writer expects:
+"""The committed SmolLM2 drafter (made by speculant train-drafter) is what the pair writer expects:
 either the v1 file (identical vocabulary, no ``draft_vocab_size``) or a subset-vocabulary one
 (``draft_vocab_size`` N: its LM head is the target table's first N rows)."""
 
