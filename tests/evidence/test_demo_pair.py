@@ -46,7 +46,7 @@ CHAT_PROMPTS = (  # user messages, for a package with a chat template and no val
 # Mean accepted length at k = 4 over the gate's prompts (pooled over rounds), the floor
 # stated well below what was measured (2026-12-02, CPU).
 ACCEPTANCE_FLOORS = {
-    # 2.03 measured (the drafter of recipes/smollm2_drafter, 3 chat prompts x 24 tokens;
+    # 2.03 measured with the 2026-12-02 drafter (3 chat prompts x 24 tokens;
     # per prompt 2.56, 1.92, 1.77); a drafter whose drafts are never confirmed scores 1.0.
     "smollm2": 1.5,
     # 2.09 measured (the bundled demo pair, its first 4 val_prompts.json prompts).
