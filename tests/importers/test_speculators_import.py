@@ -122,7 +122,8 @@ def test_speculation_equals_greedy(pair, name, cache, k):
         result = engine.generate(list(prompt), MAX_NEW, proposer="chained", k=k)
         assert result.token_ids == greedy
         accepted += result.stats.accepted_drafts
-    assert name != "echo" or accepted > len(PROMPTS) * MAX_NEW // 4
+    # k="auto" may take greedy steps (its widths follow measured times): drafts counted at fixed k
+    assert name != "echo" or k == "auto" or accepted > len(PROMPTS) * MAX_NEW // 4
 
 
 def test_the_pair_declares_the_mapped_vocabulary(pair, heads):
