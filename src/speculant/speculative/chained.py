@@ -253,7 +253,7 @@ class ChainedProposer:
         row ``a − 1``, the positions its row ``a − 1``, the length ``cursor`` (= C + a)."""
         seam, rows = self.seam, self.seam.owned_rows
         count = rows(after.counted, 0, 1)  # [1] int32: a
-        seed = after.verify_seed  # [1, k + 1, W_C]
+        seed = after.verify.seed  # [1, k + 1, W_C]
         assert seed is not None and self._advances is not None
         with seam.write_batch():
             seam.take_at(rows(steps.ids, 0, 1), steps.ids, 0, count)  # s = ids[a]
@@ -265,9 +265,9 @@ class ChainedProposer:
                 if how == "length":
                     seam.write_arange_from(buffer, cursor, step=0)
                 elif how == "row":
-                    seam.take_at(buffer, after.verify_values[value_name], axis, count, -1)
+                    seam.take_at(buffer, after.verify.values[value_name], axis, count, -1)
                 else:
-                    PassPlan.copy_into(self.session, port, buffer, after.verify_values[value_name])
+                    PassPlan.copy_into(self.session, port, buffer, after.verify.values[value_name])
 
     def _unrolled(self, depth: int) -> ComponentSession | None:
         """The session of the chain unrolled ``depth`` steps (None: stepwise). The first

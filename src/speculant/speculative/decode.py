@@ -29,7 +29,7 @@ def choose_route(state: DecodeState, target: TargetPass, proposer: Proposer | No
                      f"queued: up to {depth} round(s) launched on the device before the "
                      "last is read (greedy, static caches, a chain advanced where it runs)")
     why = ("sampling" if state.sampler is not None else
-           "appended caches" if not state.cells.is_in_place else
+           "appended caches" if not in_place else
            "serving controls bound" if target.control_ports else
            "the target runs on the host" if not target.queue_depth else
            "a proposer that reads the tokens back" if proposer is not None else None)
@@ -37,7 +37,7 @@ def choose_route(state: DecodeState, target: TargetPass, proposer: Proposer | No
         return Route(HOST_ROUNDS, True, depth, f"greedy steps on the device, up to {depth} "
                                                "queued before the last is read")
     steps = "; greedy steps keep their argmax where it is made" if in_place else ""
-    return Route(HOST_ROUNDS, in_place, depth if in_place else 0,
+    return Route(HOST_ROUNDS, in_place, depth,
                  f"reference: each round read before the next ({why}){steps}")
 
 

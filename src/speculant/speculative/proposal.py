@@ -8,6 +8,7 @@ from typing import Protocol
 
 from speculant.tensors import Value
 from speculant.workflow.state import DecodeState, RoundResult
+from speculant.workflow.target_pass import PassResult
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,7 @@ class LaunchedRound:
     how: str  # HOST_ROUNDS, STEPS or QUEUED_ROUNDS
     k: int  # drafts it verifies
     read: Callable[[], RoundResult]  # reads its outcome back (waits for its pass alone)
-    verify_seed: Value | None = None  # [1, k + 1, W_C] its pass's seed (queued rounds)
-    verify_values: dict[str, Value] | None = None  # its pass's values (queued rounds)
+    verify: PassResult | None = None  # its target pass as launched (queued rounds)
     counted: Value | None = None  # [k + 2] int32 a, c_1 … c_{k+1}, where it ran (queued)
     choice: Value | None = None  # [1] int32 a step's argmax, where it ran
 

@@ -128,8 +128,7 @@ def launch_queued_round(state: DecodeState, target: TargetPass, proposer: Propos
         read_pass = replace(verify_pass, start=state.consumed, tokens=tokens)  # known now
         return _result(proposal, num_accepted, committed, read_pass, is_queued)
 
-    return LaunchedRound(QUEUED_ROUNDS, proposal.k, read, verify_pass.seed, verify_pass.values,
-                         counted)
+    return LaunchedRound(QUEUED_ROUNDS, proposal.k, read, verify_pass, counted)
 
 
 def _result(proposal: Proposal, num_accepted: int, committed: list[int], verify_pass,
