@@ -34,7 +34,12 @@ from speculant.speculative.kinds import ProposerSources, admit_proposer, build_p
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.width import WidthPolicy
 from speculant.tensors import HOST, Residency, make_seam
-from speculant.text.chat import ChatTemplate, load_chat_template
+from speculant.text.chat import (
+    DEFAULT_LIMITS,
+    ChatTemplate,
+    TemplateLimits,
+    load_chat_template,
+)
 from speculant.text.tokenizer import tokenizer_for
 from speculant.workflow.cells import StaticPool
 from speculant.workflow.options import GenerationOptions, checked_text, checked_token_ids
@@ -57,7 +62,8 @@ class Engine:
                  outputs_on_host: bool = False, ordering: str = "shared_stream",
                  threads: int | None = None, draft: Package | None = None,
                  cuda_graphs: bool | str = "auto", overlap: bool = True,
-                 unroll_chain: bool = True) -> None:
+                 unroll_chain: bool = True,
+                 template_limits: TemplateLimits = DEFAULT_LIMITS) -> None:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
         the host-staged configuration that parity tests compare against, never a default.
         ``threads``: ONNX Runtime's intra-op threads (None: its default, one per physical core);
@@ -72,7 +78,9 @@ class Engine:
         host prepares the next step meanwhile (False: every run waits for its work, ORT's
         default). ``unroll_chain`` (the default; False: step by step): on a device, a greedy
         chained proposal on static caches is one run of the step graph unrolled k + 1 times
-        (chain_graph.chain_component)."""
+        (chain_graph.chain_component). ``template_limits``: the deadline, output cap and
+        memory of each chat-template render (text/template_worker.py), the load's trial
+        render included."""
         self.package = package
         self.device = str(Residency.parse(device))
         self.seam = make_seam(self.device, ordering=ordering)
@@ -138,7 +146,8 @@ class Engine:
             if plan.chain is not None and plan.proposer else None)
         self.tokenizer = tokenizer_for(package)  # with its load-time checks
         self.static_pool = StaticPool()  # static caches and their plans, kept across requests
-        self.chat_template: ChatTemplate | None = load_chat_template(package.tokenizer_file)
+        self.chat_template: ChatTemplate | None = load_chat_template(package.tokenizer_file,
+                                                                    template_limits)
         target_session = self.sessions[plan.target]
         proposing = tuple(s for s in (self.sessions.get(plan.proposer or ""),
                                       self.draft.session if self.draft else None) if s)
@@ -180,16 +189,12 @@ class Engine:
              **fields) -> Generation:
         """:meth:`generate` on ``messages`` rendered by the package's chat template (with
         the assistant's turn opened); the template's end-of-turn tokens stop it."""
-        prompt, chat_options = self._chat_request(messages, GenerationOptions.of(options,
-                                                                                 **fields))
-        return self.generate(prompt, chat_options)
+        return self.generate(*self.prepare_chat(messages, options, **fields))
 
     def chat_stream(self, messages: Messages, options: GenerationOptions | int | None = None,
                     /, **fields) -> Stream:
         """:meth:`stream` on ``messages`` rendered by the package's chat template."""
-        prompt, chat_options = self._chat_request(messages, GenerationOptions.of(options,
-                                                                                 **fields))
-        return self.stream(prompt, chat_options)
+        return self.stream(*self.prepare_chat(messages, options, **fields))
 
     def render_chat(self, messages: Messages) -> str:
         """The prompt text the chat template makes of ``messages``."""
@@ -201,6 +206,26 @@ class Engine:
                                remedy="add the model's tokenizer_config.json to the package, "
                                       "or send a plain prompt (generate / stream)")
         return self.chat_template.render(messages, add_generation_prompt=True)
+
+    def prepare_chat(self, messages: Messages, options: GenerationOptions | int | None = None,
+                     /, **fields) -> tuple[str, GenerationOptions]:
+        """The prompt of ``messages`` and the options with the end-of-turn stops added
+        (single-token endings as stop token ids, longer ones as stop strings): what
+        :meth:`chat` generates from. It renders without taking the engine, so a server
+        renders a chat before the request waits its turn."""
+        options = GenerationOptions.of(options, **fields)
+        prompt = self.render_chat(messages)
+        assert self.chat_template is not None
+        stop_ids, stops = list(options.stop_token_ids), list(
+            (options.stop,) if isinstance(options.stop, str) else options.stop)
+        for ending in self.chat_template.end_of_turn_texts():
+            ids = self.tokenizer.encode(ending, add_special_tokens=False)
+            if len(ids) == 1:
+                stop_ids.append(ids[0])
+            else:
+                stops.append(ending)
+        return prompt, GenerationOptions.of(options, stop=tuple(stops),
+                                            stop_token_ids=tuple(stop_ids))
 
     # -- admission ------------------------------------------------------------------------
     def admit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
@@ -263,23 +288,6 @@ class Engine:
         state.stats.cuda_graphs = self.cuda_graphs
         state.stats.cpu_pool = self.cpu_pool
         return state, proposer, policy
-
-    def _chat_request(self, messages: Messages, options: GenerationOptions
-                      ) -> tuple[str, GenerationOptions]:
-        """The prompt of ``messages`` and ``options`` with the end-of-turn stops added:
-        single-token endings as stop token ids, longer ones as stop strings."""
-        prompt = self.render_chat(messages)
-        assert self.chat_template is not None
-        stop_ids, stops = list(options.stop_token_ids), list(
-            (options.stop,) if isinstance(options.stop, str) else options.stop)
-        for ending in self.chat_template.end_of_turn_texts():
-            ids = self.tokenizer.encode(ending, add_special_tokens=False)
-            if len(ids) == 1:
-                stop_ids.append(ids[0])
-            else:
-                stops.append(ending)
-        return prompt, GenerationOptions.of(options, stop=tuple(stops),
-                                            stop_token_ids=tuple(stop_ids))
 
     def _fused_values(self) -> tuple[str, ...]:
         chain = self.package.plan.chain
