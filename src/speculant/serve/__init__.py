@@ -32,10 +32,10 @@ def require(extra: str) -> None:
 
 
 def load_engine(package: str, device: str = "cpu", draft: str | None = None,
-                threads: int | None = None) -> Any:
+                threads: int | None = None, **options: Any) -> Any:
     """``speculant.load(package)`` (a folder or a built-in name such as ``smollm2`` or
     ``demo``); ``threads``: ONNX Runtime's intra-op threads per session (None: ORT's
-    default)."""
+    default); ``options``: more of :class:`speculant.Engine`'s keywords."""
     import speculant
 
-    return speculant.load(package, device=device, draft=draft, threads=threads)
+    return speculant.load(package, device=device, draft=draft, threads=threads, **options)

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from speculant import GenerationOptions
@@ -37,7 +38,7 @@ MAX_BODY_BYTES = 1 << 20  # 1 MiB
 def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None = None, *,
                max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The app over ``engine`` (``speculant.load``'s, or anything with its
-    ``generate``/``stream``/``chat``/``chat_stream``); requests leave out fields to take
+    ``generate``/``stream``/``prepare_chat``); requests leave out fields to take
     ``defaults``."""
     app = FastAPI(title="speculant", docs_url=None, redoc_url=None)
     service = Service(engine, model_name, defaults or GenerationOptions())
@@ -83,10 +84,13 @@ def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None 
         service = _checked(get_service(), body.model)
         options = body.options(service.defaults)
         messages = [m.as_dict() for m in body.messages]
+        # rendered before the request waits for the engine: a slow template holds no one
+        prompt, options = await run_in_threadpool(service.engine.prepare_chat, messages,
+                                                  options)
         if body.stream:
             return await _streamed(service, body, "chat.completion.chunk",
-                                   lambda: service.engine.chat_stream(messages, options))
-        result = await service.complete(lambda: service.engine.chat(messages, options))
+                                   lambda: service.engine.stream(prompt, options))
+        result = await service.complete(lambda: service.engine.generate(prompt, options))
         choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
                   "logprobs": None, "finish_reason": result.finish_reason}
         return _envelope("chatcmpl", "chat.completion", service.model_name, [choice],

@@ -11,6 +11,8 @@ from speculant.errors import SpeculantError
 from speculant.serve import load_engine, require
 from speculant.serve.schemas import PROPOSERS
 from speculant.speculative.kinds import AUTO
+from speculant.text.chat import DEFAULT_LIMITS as LIMITS
+from speculant.text.chat import TemplateLimits
 
 
 @cli.generation_options(*cli.REQUEST_OPTIONS, "stop", flags={"max_new_tokens": ("--max-tokens",)})
@@ -28,6 +30,12 @@ def serve(
                                                         "name).")] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body "
                                                      "accepted.")] = 1 << 20,
+    chat_template_deadline: Annotated[float, typer.Option(
+        min=0.001, help="Seconds one chat-template render may take (then 400).")] = \
+        LIMITS.deadline_s,
+    chat_template_max_chars: Annotated[int, typer.Option(
+        min=1, help="Longest rendered chat prompt, in characters (then 400).")] = \
+        LIMITS.max_output_chars,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level (info logs each "
                                                  "request).")] = "info",
     ray: Annotated[bool, typer.Option("--ray", help="Serve as a Ray Serve deployment (one "
@@ -60,7 +68,10 @@ def serve(
 
         from speculant.serve.app import create_app
 
-        engine = load_engine(package, device=device, draft=draft, threads=threads)
+        limits = TemplateLimits(chat_template_deadline, chat_template_max_chars,
+                                LIMITS.max_memory_bytes)
+        engine = load_engine(package, device=device, draft=draft, threads=threads,
+                             template_limits=limits)
         app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)
     except SpeculantError as error:
         cli.fail(error)
