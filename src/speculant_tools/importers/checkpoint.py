@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from speculant.errors import SpeculantError
+from speculant.errors import MetadataError, SpeculantError
+from speculant.text.chat import chat_template_of
 from speculant_tools.export import LlamaConfig, write_decoder_package, write_pair_package
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -66,6 +67,7 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
     ``quantize="int4"``: the target's linear layers as MatMulNBits (``importers.int4``);
     ``cache``: the caches' form, ``appended`` or ``static`` (docs/design/static-cache.md)."""
     check_quantize(quantize, dtype)
+    check_chat_template(checkpoint.tokenizer_config, checkpoint.source)
     out = Path(out)
     with tempfile.TemporaryDirectory() as scratch:
         tokenizer = Path(scratch) / "tokenizer.json"
@@ -147,6 +149,20 @@ def tokenizer_config(chat_template: str | None, bos: str | None, eos: str | None
     if chat_template is not None:
         data["chat_template"] = chat_template
     return data
+
+
+def check_chat_template(config: Mapping[str, Any], source: str) -> None:
+    """Refuse, before anything is written, a chat template the engine would refuse at load:
+    one that does not compile or cannot render a one-message conversation within its
+    bounds (the engine's own check, :func:`speculant.text.chat.chat_template_of`)."""
+    try:
+        chat_template_of(dict(config), source)
+    except MetadataError as error:
+        problem = error.problems[0]
+        raise ImporterError(problem.message, file=source, path="chat_template",
+                            remedy="fix the template where it comes from (a GGUF file's "
+                                   "tokenizer.chat_template; a folder's tokenizer_config.json "
+                                   "or chat_template.jinja), then import again") from None
 
 
 def read_tokenizer_config(folder: Path) -> dict[str, Any]:

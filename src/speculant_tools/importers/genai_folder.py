@@ -30,6 +30,7 @@ from speculant_tools.export.package import tokenizer_facts
 from speculant_tools.importers.checkpoint import (
     TOKENIZER_CONFIG,
     ImporterError,
+    check_chat_template,
     read_tokenizer_config,
 )
 from speculant_tools.writing import write_metadata
@@ -111,12 +112,14 @@ def import_genai_folder(folder: str | Path, out: str | Path, *, dtype: str = "fl
     document = decoder_metadata(config, dtype, tokenizer_facts(tokenizer, eos_id))
     if "position_ids" not in graph_inputs:
         _drop_position_ids(document)
+    tokenizer_config = read_tokenizer_config(folder)
+    check_chat_template(tokenizer_config, str(folder))
     out.mkdir(parents=True, exist_ok=True)
     _copy_graph(model, graph_file, out / "decoder")
     write_metadata(document, out, f"onnxruntime-genai model imported from {folder}: the "
                    "builder's graph, copied.")
     shutil.copyfile(tokenizer, out / "tokenizer.json")
-    (out / TOKENIZER_CONFIG).write_text(json.dumps(read_tokenizer_config(folder), indent=2,
+    (out / TOKENIZER_CONFIG).write_text(json.dumps(tokenizer_config, indent=2,
                                                    ensure_ascii=False) + "\n")
     return out
 
