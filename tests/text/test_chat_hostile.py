@@ -204,6 +204,17 @@ def test_one_worker_serves_every_render_and_a_killed_one_is_replaced():
     assert worker._process.pid != first
 
 
+def test_a_render_waits_for_a_busy_worker_a_bounded_time():
+    limits = TemplateLimits(deadline_s=1.0)  # a worker of its own
+    template = ChatTemplate(PLAIN, "", "</s>", "/pkg/tokenizer_config.json", limits=limits)
+    worker = worker_for(limits)
+    with worker._lock:  # as a slow render holds it
+        with pytest.raises(RequestError) as caught:
+            within(GENEROUS_S, lambda: template.render(HI))
+    assert "busy" in str(caught.value) and "retry" in str(caught.value)
+    assert template.render(HI) == "(user) hi\n(assistant) "
+
+
 def test_messages_that_are_not_json_data_are_a_request_error():
     template = ChatTemplate(PLAIN, "", "</s>", "/pkg/tokenizer_config.json")
     with pytest.raises(RequestError) as caught:

@@ -130,6 +130,9 @@ def _request_error(failure: RenderFailure, file: str) -> RequestError:
                             remedy="send shorter messages, or raise the cap "
                                    "(TemplateLimits.max_output_chars, speculant serve "
                                    "--chat-template-max-chars)")
+    if failure.kind == "busy":
+        return RequestError(f"the chat template {reason}", path="chat_template", file=file,
+                            remedy="retry: slow renders of this template held its worker")
     return RequestError(f"the chat template failed: {reason}", path="chat_template",
                         file=file, remedy=FIX)
 

@@ -13,7 +13,9 @@ process per :class:`TemplateLimits`, and never in the caller's process:
   (``resource.setrlimit``); a render that needs more ends in ``MemoryError`` there.
 
 The worker starts at the first render, then serves every later one (a render costs a round
-trip through two pipes, not a process start); renders through one worker run one at a time.
+trip through two pipes, not a process start); renders through one worker run one at a time,
+and one waits for the worker at most ``WAIT_DEADLINES`` deadlines (a burst of slow renders
+holds no caller's thread longer than that).
 It imports nothing of speculant (it runs this file by its path: the package's ``__init__``
 loads ONNX Runtime), ignores SIGINT (Ctrl-C is its parent's), and exits when its parent closes
 its stdin. Frames, both ways: an 8-byte big-endian length, then a JSON document in ASCII.
@@ -40,6 +42,7 @@ from dataclasses import asdict, dataclass
 FRAME = struct.Struct(">Q")
 START_TIMEOUT_S = 60.0  # a worker's start (a Python process importing jinja2), not a render
 BACKSTOP_GRACE_S = 10.0  # the worker's own alarm: the deadline plus this
+WAIT_DEADLINES = 3  # a render waits for the worker at most this many deadlines
 MAX_MESSAGE_CHARS = 400  # an exception's text, as the worker reports it
 KINDS = ("refused", "compile", "failed", "too_long")  # the failures a worker reports itself
 BOOT = ("import importlib.util, sys; "
@@ -73,7 +76,8 @@ class RenderFailure(Exception):
     template's ``raise_exception``, the sandbox, an undefined name), ``compile`` (the source
     does not compile), ``failed`` (any other exception: RecursionError, MemoryError, a
     TypeError from ``include`` ...), ``too_long`` (the output cap), ``deadline``, ``died``
-    (the worker ended mid-render), ``data`` (the variables are not JSON data)."""
+    (the worker ended mid-render), ``data`` (the variables are not JSON data), ``busy``
+    (other renders held the worker for ``WAIT_DEADLINES`` deadlines)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -97,7 +101,10 @@ class TemplateWorker:
             request = _frame({"source": source, "variables": variables})
         except (TypeError, ValueError, RecursionError) as error:
             raise RenderFailure("data", f"not JSON data: {error}") from None
-        with self._lock:
+        if not self._lock.acquire(timeout=WAIT_DEADLINES * self.limits.deadline_s):
+            raise RenderFailure("busy", f"found the template worker busy for "
+                                f"{WAIT_DEADLINES * self.limits.deadline_s:g} s")
+        try:
             for attempt in (1, 2):  # a worker that dies is replaced, and the render retried once
                 process = self._started()
                 try:
@@ -116,8 +123,13 @@ class TemplateWorker:
                     if attempt == 2:
                         raise RenderFailure("died", f"the template worker died while "
                                             f"rendering (exit status {code})") from None
+                except BaseException:  # interrupted (Ctrl-C): its answer would come late
+                    self._stop()
+                    raise
             if not isinstance(answer, dict) or answer.get("restart"):  # out of memory, or
                 self._stop()  # an answer of no known shape: its heap is not to be trusted
+        finally:
+            self._lock.release()
         if isinstance(answer, dict) and isinstance(answer.get("text"), str):
             return answer["text"]
         if isinstance(answer, dict) and answer.get("kind") in KINDS \
