@@ -66,7 +66,7 @@ Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads
 # The fields of GenerationOptions a request command offers, and typer's type for those whose
 # own type it cannot take (a union, a tuple of any length).
 REQUEST_OPTIONS = ("max_new_tokens", "proposer", "k", "temperature", "top_k", "top_p", "min_p",
-                   "seed")
+                   "seed", "acceptance")
 OPTION_TYPES = {"k": str, "stop": list[str]}
 OPTION_HELP = {f.name: f.metadata.get("help") for f in fields(GenerationOptions)} | {
     "proposer": PROPOSER_HELP}
