@@ -72,8 +72,8 @@ def keyed_gumbel(xp: ModuleType, key: int, positions: Any, width: int) -> Any:
     ``u = ((bits >> 11) + 0.5) / 2^53`` in (0, 1), where ``bits`` is splitmix64's output
     number ``id + 1`` from the state ``mix(key ^ position · GOLDEN)``. Pure integer
     arithmetic up to ``u``, so the host and the device give the same ``u`` bit for bit."""
-    streams = _mix(xp, xp.uint64(key) ^ (xp.asarray(positions, xp.uint64).reshape(-1, 1)
-                                         * xp.uint64(GOLDEN)))  # [R, 1] uint64
+    steps = xp.asarray(positions, xp.uint64).reshape(-1, 1) * xp.uint64(GOLDEN)  # [R, 1]
+    streams = _mix(xp, steps ^ xp.uint64(key))  # [R, 1] uint64: one stream per position
     ids = xp.arange(1, width + 1, dtype=xp.uint64).reshape(1, -1)  # [1, V] uint64
     bits = _mix(xp, streams + ids * xp.uint64(GOLDEN))  # [R, V] uint64
     u = ((bits >> xp.uint64(11)).astype(xp.float64) + 0.5) * 2.0 ** -53  # [R, V] in (0, 1)
