@@ -138,9 +138,9 @@ LAYERS = {
 # beside it. The change a commit makes is `git diff --stat`'s to report, not a comment here.
 LAYER_CEILINGS = {
     "package": 3_568, "tensors": 2_066, "text": 424, "session": 914, "workflow": 1_391,
-    "speculative": 2_003, "engine and API": 1_193, "serve": 759,
+    "speculative": 2_003, "engine and API": 1_194, "serve": 759,
 }
-RUNTIME_CEILING = 12_318  # the sum, under the 12,145 lines of 2026-12-07 (12,129 at the start)
+RUNTIME_CEILING = 12_319  # the sum, under the 12,145 lines of 2026-12-07 (12,129 at the start)
 MODULE_LINE_LIMIT = 500
 
 

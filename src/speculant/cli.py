@@ -279,7 +279,8 @@ def print_stats(run_stats) -> None:
     table = Table(title="counters", show_header=False)
     for key, value in run_stats.as_dict().items():
         if key in ("trace", "proposed_at", "accepted_at", "acceptance_by_position",
-                   "mean_accepted_length", "residency", "cuda_graphs", "cpu_pool"):
+                   "mean_accepted_length", "residency", "cuda_graphs", "cpu_pool") or \
+                key in ("seed", "acceptance") and value is None:  # greedy: no seed
             continue
         table.add_row(key, str(value))
 
