@@ -66,7 +66,7 @@ Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads
 # The fields of GenerationOptions a request command offers, and typer's type for those whose
 # own type it cannot take (a union, a tuple of any length).
 REQUEST_OPTIONS = ("max_new_tokens", "proposer", "k", "temperature", "top_k", "top_p", "min_p",
-                   "seed")
+                   "seed", "acceptance")
 OPTION_TYPES = {"k": str, "stop": list[str]}
 OPTION_HELP = {f.name: f.metadata.get("help") for f in fields(GenerationOptions)} | {
     "proposer": PROPOSER_HELP}
@@ -279,7 +279,8 @@ def print_stats(run_stats) -> None:
     table = Table(title="counters", show_header=False)
     for key, value in run_stats.as_dict().items():
         if key in ("trace", "proposed_at", "accepted_at", "acceptance_by_position",
-                   "mean_accepted_length", "residency", "cuda_graphs", "cpu_pool"):
+                   "mean_accepted_length", "residency", "cuda_graphs", "cpu_pool") or \
+                key in ("seed", "acceptance") and value is None:  # greedy: no seed
             continue
         table.add_row(key, str(value))
 

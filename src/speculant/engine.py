@@ -278,13 +278,15 @@ class Engine:
                                    file=str(self.package.root),
                                    remedy="use stop_token_ids and token ids (generate)")
             text = StopText(self.tokenizer, prompt_ids, options.stop)
-        sampler = (Sampler.seeded(admitted.sampling, options.seed)
+        sampler = (Sampler(admitted.sampling, admitted.seed, options.acceptance)
                    if admitted.sampling is not None else None)
         state = DecodeState.start(self.seam, self.package, rules, admitted, prompt_ids,
                                   sampler=sampler, text=text, k=k if proposer else 0,
                                   residency=self.sessions[plan.target].device,
                                   pool=self.static_pool)
         state.stats.proposer = kind.name if kind is not None else None
+        if sampler is not None:
+            state.stats.seed, state.stats.acceptance = sampler.seed, sampler.acceptance
         state.stats.cuda_graphs = self.cuda_graphs
         state.stats.cpu_pool = self.cpu_pool
         return state, proposer, policy

@@ -2,7 +2,9 @@
 and nothing but ids (and the accepted count) read back (evidence.md E1, E5, E7).
 
 Read-back accounting under sampling: 4 bytes for the prefill's draw, 4 per sampled draft, and
-8 per verification ([a, token]), greedy steps included.
+per verification (greedy steps included) 4 (k_r + 1) (keyed draws: the target's draw of every
+row) or 8 (rejection sampling: [a, token]). Keyed draws on the device equal plain sampling
+with the same seed at every k, auto included.
 
 Run on the GPU machine: ``pytest -m cuda tests/cuda``.
 """
@@ -67,16 +69,18 @@ def test_greedy_equals_cpu_and_reads_back_only_ids(engines, proposer, k):
             4 * run.stats.argmax_rows
 
 
+@pytest.mark.parametrize("acceptance", ("gumbel", "rejection"))
 @pytest.mark.parametrize("k", (1, 4))
 @pytest.mark.parametrize("proposer", (None, *PROPOSERS))
-def test_sampled_equals_cpu_and_reads_back_only_ids(engines, proposer, k):
-    """The same seed draws the same uniforms; the rows are computed on the device, so the
-    CUDA run commits the CPU run's tokens, and reads back ids and a only."""
+def test_sampled_equals_cpu_and_reads_back_only_ids(engines, proposer, k, acceptance):
+    """The same seed draws the same noise (uniforms); the rows are computed on the device,
+    so the CUDA run commits the CPU run's tokens, and reads back ids and a only."""
     engine = engines["cuda"]
     options = {"proposer": proposer, "k": k} if proposer else {}
     for prompt in PROMPTS:
         for seed in (0, 1, 2):
-            sampling = {"temperature": 2.5, "top_p": 0.95, "seed": seed, **options}
+            sampling = {"temperature": 2.5, "top_p": 0.95, "seed": seed,
+                        "acceptance": acceptance, **options}
             cpu = engines["cpu"].generate(prompt, MAX_NEW, **sampling)
             before = engine.seam.counters.snapshot()
             with forbid_host_transfers():
@@ -86,5 +90,21 @@ def test_sampled_equals_cpu_and_reads_back_only_ids(engines, proposer, k):
             assert run.stats.trace == cpu.stats.trace
             stats = run.stats
             assert after["host_staging_count"] == before["host_staging_count"]
+            verified = stats.drafts_proposed + stats.rounds + stats.greedy_steps  # rows
+            per_pass = 4 * verified if acceptance == "gumbel" else \
+                8 * (stats.rounds + stats.greedy_steps)
             assert after["device_readback_bytes"] - before["device_readback_bytes"] == \
-                4 * (1 + draft_draws(stats)) + 8 * (stats.rounds + stats.greedy_steps)
+                4 * (1 + draft_draws(stats)) + per_pass
+
+
+@pytest.mark.parametrize("k", (1, 2, 4, 8, "auto"))
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_speculative_equals_plain_sampling_on_the_device(engines, proposer, k):
+    """Keyed draws: speculation on CUDA commits plain sampling's tokens for the seed."""
+    engine = engines["cuda"]
+    for prompt in PROMPTS:
+        for seed in (0, 7):
+            sampling = {"temperature": 2.5, "top_p": 0.95, "seed": seed, "stop_on_eos": False}
+            plain = engine.generate(prompt, MAX_NEW, **sampling)
+            run = engine.generate(prompt, MAX_NEW, proposer=proposer, k=k, **sampling)
+            assert run.token_ids == plain.token_ids, (proposer, k, prompt, seed)

@@ -73,6 +73,33 @@ def test_distribution_and_draw_agree(cuda_seam, host_seam, dtype, setting):
             host_seam.read_token_ids(host_seam.sample_rows(host_probs, uniforms))
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: repr(s)[9:-1])
+def test_keyed_draws_agree(cuda_seam, host_seam, dtype, setting):
+    """The keyed noise is integer arithmetic up to u, identical on both; the ids drawn by
+    Gumbel-max from the same scores match the host's (a float64 ulp of exp or log could flip
+    only an exact tie, which these rows do not have)."""
+    rng = np.random.default_rng(1)
+    for rows, width, start in ((1, 32, 0), (5, 1000, 77), (3, 50_000, 2**40)):
+        host_scores = scores(rng, rows, width, dtype)
+        key = int(rng.integers(0, 2**63))
+        want = host_seam.read_token_ids(host_seam.sample_keyed(host_scores, setting, key, start))
+        result = cuda_seam.sample_keyed(cuda_seam.adopt(host_scores, DEVICE), setting, key, start)
+        assert result.residency == DEVICE and result.kind == "token_ids"
+        assert cuda_seam.read_token_ids(result) == want
+
+
+def test_keyed_noise_is_bitwise_the_hosts():
+    import cupy as cp
+
+    from speculant.tensors.sampling import keyed_gumbel, seed_key
+
+    positions = np.asarray([0, 1, 5, 2**33], np.uint64)
+    host = keyed_gumbel(np, seed_key(7), positions, 4096)
+    device = cp.asnumpy(keyed_gumbel(cp, seed_key(7), cp.asarray(positions), 4096))
+    np.testing.assert_allclose(device, host, rtol=1e-13, atol=1e-13)  # log: ulps at most
+
+
 @pytest.mark.parametrize("k", (0, 1, 3, 8))
 @pytest.mark.parametrize(("deterministic", "q_width"), ((False, 64), (True, 64), (False, 40)))
 def test_rejection_sample_agrees(cuda_seam, host_seam, k, deterministic, q_width):

@@ -13,6 +13,8 @@ from speculant.speculative.round import run_round
 from speculant.speculative.verify import verify
 from speculant.speculative.width import FixedWidth
 from speculant.tensors import TensorSeam, Value
+from speculant.tensors.sampling import Sampling
+from speculant.workflow.sampler import Sampler
 from speculant.workflow.state import RoundResult
 
 
@@ -81,10 +83,27 @@ def test_verify_is_pure_on_literal_scores():
         logits[0, row, token] = 1.0
     scores = Value.host(logits)
     copy = logits.copy()
-    assert verify(seam, None, [2, 3, 4, 1], scores, None) == (3, 0)  # d_3 = 1 rejected: 0
-    assert verify(seam, None, [2, 3, 4, 0], scores, None) == (4, 5)  # all accepted: bonus 5
-    assert verify(seam, None, [2, 9, 4, 0], scores, None) == (1, 3)  # d_1 rejected
+    assert verify(seam, None, [2, 3, 4, 1], scores, None, 0) == (3, 0)  # d_3 = 1 rejected: 0
+    assert verify(seam, None, [2, 3, 4, 0], scores, None, 0) == (4, 5)  # all accepted: bonus 5
+    assert verify(seam, None, [2, 9, 4, 0], scores, None, 0) == (1, 3)  # d_1 rejected
     assert np.array_equal(logits, copy)
+
+
+def test_keyed_verify_accepts_exactly_the_targets_draws():
+    """Keyed sampling: row i's token is the Gumbel-max draw at position start + i + 1, and
+    a draft is accepted exactly when it is that draw (greedy acceptance of the draws)."""
+    seam = TensorSeam()
+    scores = Value.host(np.random.default_rng(1).standard_normal((1, 4, 50)).astype(np.float32))
+    sampler = Sampler(Sampling(1.5), seed=9)
+    start = 17  # the pending token's position C
+    draws = seam.read_token_ids(seam.sample_keyed(scores, sampler.params, sampler.key,
+                                                  start + 1))  # [4]: positions C+1 … C+4
+    assert verify(seam, sampler, [2, *draws[:3]], scores, None, start) == (4, draws[3])
+    wrong = (draws[1] + 1) % 50
+    assert verify(seam, sampler, [2, draws[0], wrong, draws[2]], scores, None, start) == \
+        (2, draws[1])
+    other = verify(seam, sampler, [2, *draws[:3]], scores, None, start + 1)  # shifted noise
+    assert other != (4, draws[3])
 
 
 def test_auto_resolves_by_the_auto_enable_rule(tmp_path):

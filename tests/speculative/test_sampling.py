@@ -324,25 +324,30 @@ def test_temperature_zero_is_greedy(engines, proposer, k):
         assert result.stats.sampled_rows == 0
 
 
+@pytest.mark.parametrize("acceptance", ["gumbel", "rejection"])
 @pytest.mark.parametrize("k", (1, 2, 4, 8))
 @pytest.mark.parametrize("proposer", ["chained", "draft", "prompt_lookup"])
-def test_top_k_one_reproduces_the_greedy_trace(engines, proposer, k):
+def test_top_k_one_reproduces_the_greedy_trace(engines, proposer, k, acceptance):
     """Sampling with top_k = 1 makes every T(row) one-hot at the argmax: the sampled run,
-    rejection sampling included, takes exactly the greedy (k_r, a_r) trace for any seed."""
+    by keyed draws or rejection sampling, takes exactly the greedy (k_r, a_r) trace for any
+    seed."""
     engine = engines[proposer]
     for prompt, seed in ((PROBE_PROMPT, 0), (REPETITIVE[0], 5)):
         result = engine.generate(list(prompt), MAX_NEW, proposer=proposer, k=k,
-                                 temperature=2.0, top_k=1, seed=seed)
+                                 temperature=2.0, top_k=1, seed=seed, acceptance=acceptance)
         trace = expected_greedy_trace(proposer, prompt, k)
         assert result.token_ids == trace.tokens
         assert result.stats.trace == trace.pairs()
         assert result.stats.argmax_rows == 0 and result.stats.sampled_rows > 0
 
 
+@pytest.mark.parametrize("acceptance", ["gumbel", "rejection"])
 @pytest.mark.parametrize("proposer", [None, "chained", "draft", "prompt_lookup"])
-def test_seeded_runs_are_reproducible(engines, proposer):
+def test_seeded_runs_are_reproducible(engines, proposer, acceptance):
+    """At a fixed k both methods reproduce (at any k: keyed draws, test_seeded.py)."""
     engine = engines[proposer or "chained"]
-    options = {"proposer": proposer, "k": 4} if proposer else {}
+    options = {"proposer": proposer, "k": 4, "acceptance": acceptance} if proposer else \
+        {"acceptance": acceptance}
     runs = {seed: [engine.generate(list(PROBE_PROMPT), 24, temperature=3.0, seed=seed,
                                    **options) for _ in range(2)] for seed in (1, 2)}
     for first, second in runs.values():
@@ -356,9 +361,10 @@ NUM_SEEDS = 400
 NUM_TOKENS = 3  # the prefill's token, then the tokens the first round commits
 
 
-def sampled_tokens(engine, prompt, proposer, k, num_seeds=NUM_SEEDS):
+def sampled_tokens(engine, prompt, proposer, k, num_seeds=NUM_SEEDS, acceptance="gumbel"):
     """[num_seeds, NUM_TOKENS] generated tokens, one seed per row (no stop on EOS)."""
     options = {"proposer": proposer, "k": k} if proposer else {}
+    options["acceptance"] = acceptance
     budget = max(k + 2, NUM_TOKENS)  # room for a full first round of k drafts
     rows = []
     for seed in range(num_seeds):
@@ -368,23 +374,30 @@ def sampled_tokens(engine, prompt, proposer, k, num_seeds=NUM_SEEDS):
     return np.asarray(rows)
 
 
-@pytest.mark.parametrize(("proposer", "k", "prompt"), [
-    (None, 0, PROBE_PROMPT),
-    ("chained", 1, PROBE_PROMPT),
-    ("chained", 2, PROBE_PROMPT),
-    ("chained", 4, PROBE_PROMPT),
-    ("draft", 2, (7, 8, 9, 10, 11, 12, 13)),  # the draft disagrees at position 7
-    ("prompt_lookup", 2, REPETITIVE[0]),
+@pytest.mark.parametrize(("proposer", "k", "prompt", "acceptance"), [
+    (None, 0, PROBE_PROMPT, "gumbel"),
+    ("chained", 1, PROBE_PROMPT, "gumbel"),
+    ("chained", 2, PROBE_PROMPT, "gumbel"),
+    ("chained", 4, PROBE_PROMPT, "gumbel"),
+    ("draft", 2, (7, 8, 9, 10, 11, 12, 13), "gumbel"),  # the draft disagrees at position 7
+    ("prompt_lookup", 2, REPETITIVE[0], "gumbel"),
+    (None, 0, PROBE_PROMPT, "rejection"),
+    ("chained", 2, PROBE_PROMPT, "rejection"),
+    ("draft", 2, (7, 8, 9, 10, 11, 12, 13), "rejection"),
+    ("prompt_lookup", 2, REPETITIVE[0], "rejection"),
 ])
-def test_committed_tokens_follow_the_target_distribution(engines, proposer, k, prompt):
+def test_committed_tokens_follow_the_target_distribution(engines, proposer, k, prompt,
+                                                         acceptance):
     """E7 / evidence.md §5: over many seeds, each of the first generated tokens follows the
     target's exact sampled marginal (enumerated from the fixture's definition), which plain
-    sampling follows too (the first row)."""
+    sampling follows too (the first row) — by keyed draws (one noise per seed) and by
+    rejection sampling alike."""
     engine = engines[proposer or "chained"]
-    samples = sampled_tokens(engine, prompt, proposer, k)
+    samples = sampled_tokens(engine, prompt, proposer, k, acceptance=acceptance)
     marginals = exact_marginals(SPEC, prompt, NUM_TOKENS, TEMPERATURE)
     for i in range(NUM_TOKENS):
-        assert_follows(samples[:, i], marginals[i], f"{proposer} k={k}: token {i + 1}")
+        assert_follows(samples[:, i], marginals[i],
+                       f"{proposer} k={k} {acceptance}: token {i + 1}")
     if proposer is not None:
         stats = engine.generate(list(prompt), k + 2, temperature=TEMPERATURE, seed=0,
                                 proposer=proposer, k=k, stop_on_eos=False).stats
@@ -395,6 +408,7 @@ def test_committed_tokens_follow_the_target_distribution(engines, proposer, k, p
 @pytest.mark.parametrize(("option", "value"), [
     ("temperature", -0.5), ("temperature", math.nan), ("top_k", -1), ("top_p", 0.0),
     ("top_p", 1.5), ("top_p", -0.1), ("min_p", -0.1), ("min_p", 1.5), ("seed", -3),
+    ("acceptance", "maximal"), ("acceptance", None),
 ])
 def test_bad_sampling_settings(engines, option, value):
     engine = engines["chained"]

@@ -150,7 +150,7 @@ class ChainedProposer:
         fixed = {**self._fixed_bindings(state), TABLE: self.table}
         token = seam.zeros((1,), "int32", self.residency)  # [1] int32, per proposal
         drafts: list[int] = []
-        probs: list[Value] = []  # q_j = T(step j's row) when sampling
+        probs: list[Value] = []  # q_j = T(step j's row) under rejection sampling
         for j in range(k + 1):
             seam.write_ints(token, [last])
             out = self.session.invoke({**fixed, TOKEN: token, CARRY: carry},
@@ -160,12 +160,11 @@ class ChainedProposer:
             if j == 0:
                 last = state.pending  # bootstrap: its prediction is p, already known
                 continue
-            last, q = self._choose(state, out)  # 4 bytes read back
+            last, q = self._choose(state, out, state.consumed + j)  # 4 bytes read back
             drafts.append(last)
             if q is not None:
                 probs.append(q)
-        return Proposal(drafts, probs if state.sampler is not None else None,
-                        num_invocations=k + 1, num_scored_rows=k)
+        return Proposal(drafts, probs or None, num_invocations=k + 1, num_scored_rows=k)
 
     def _planned(self, state: DecodeState, cells: StaticCells, last: int,
                  carry_0: Value) -> ChainSteps:
@@ -197,13 +196,14 @@ class ChainedProposer:
             out = steps.plan(j).run()
             if j == 0 or state.sampler is None:
                 continue  # greedy: step j's argmax is step j + 1's token, where it was made
-            draft, q = self._choose(state, out)
+            draft, q = self._choose(state, out, state.consumed + j)
             seam.write_ints(steps.ids, [draft], j + 1)  # the draw feeds step j + 1
             drafts.append(draft)
-            probs.append(q)
+            if q is not None:
+                probs.append(q)
         if state.sampler is None:
             return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
-        return Proposal(drafts, probs, num_invocations=k + 1, num_scored_rows=k)
+        return Proposal(drafts, probs or None, num_invocations=k + 1, num_scored_rows=k)
 
     def capture_widths(self, state: DecodeState, widths: list[int]) -> None:
         """Static caches: every plan a proposal of each of ``widths`` drafts runs, run until
@@ -298,11 +298,13 @@ class ChainedProposer:
         return ChainSteps(session, shared, carry_0, produced, self.max_k, chain.carry_output,
                           self.bootstrap_session)
 
-    def _choose(self, state: DecodeState, out: dict[str, Value]) -> tuple[int, Value | None]:
-        """Step ``out``'s draft from its last score row: the argmax, or a draw from T(row)."""
+    def _choose(self, state: DecodeState, out: dict[str, Value],
+                position: int) -> tuple[int, Value | None]:
+        """Step ``out``'s draft at sequence position ``position`` from its last score row:
+        the argmax, or a draw from T(row) (sampler.choose)."""
         logits = out[self.chain.logits_output]  # [1, 1, V] draft scores
-        return choose(self.seam, state.sampler, self.seam.last_along_axis(logits,
-                                                                          logits.rank - 2))
+        return choose(self.seam, state.sampler,
+                      self.seam.last_along_axis(logits, logits.rank - 2), position)
 
     def _carry_0(self, pass_result: PassResult, num_kept: int) -> Value:
         """Row ``num_kept − 1`` of the latest pass's seed output, in the chain residency."""

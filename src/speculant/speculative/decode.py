@@ -51,10 +51,10 @@ def decode(state: DecodeState, target: TargetPass, proposer: Proposer | None,
         state.stop("inactive")
         return
     # 2. Prefill: a pass over the prompt from empty caches; its last row gives the first
-    #    token (argmax, or a draw from T(row)), which becomes pending.
+    #    token (argmax, or a draw from T(row)), at position P, which becomes pending.
     prefill = target.run(state.tokens, 0, state.cells, state.admitted, state.controls)
     last_row = state.seam.last_along_axis(prefill.logits, prefill.logits.rank - 2)  # [1,1,V]
-    first, _ = choose(state.seam, state.sampler, last_row)
+    first, _ = choose(state.seam, state.sampler, last_row, len(state.tokens))
     yield from state.record_prefill(prefill, first)
     with policy.measuring():
         # 3. Every width the policy may choose is planned (captured) before the first round.
@@ -88,7 +88,8 @@ def warm_up(state: DecodeState, target: TargetPass, proposer: Proposer | None,
         return
     capture(state, drafted)
     timed = getattr(policy, "timed_warm_up", None)
-    for k in drafted if timed is not None and state.sampler is None else ():  # draws none
+    draws_none = state.sampler is None or state.sampler.is_keyed  # no generator to advance
+    for k in drafted if timed is not None and draws_none else ():
         started = time.perf_counter()
         proposal = proposer.propose(state, k)
         timed(proposal.k, time.perf_counter() - started)

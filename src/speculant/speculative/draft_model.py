@@ -118,7 +118,7 @@ class DraftModelProposer:
         if cap is not None:  # its caches may reach extent cap - 1, as the target's do
             k = min(k, cap - 1 - state.consumed)
         drafts: list[int] = []
-        probs: list[Value] = []  # q_i = T(row i) when sampling
+        probs: list[Value] = []  # q_i = T(row i) under rejection sampling
         pending = state.tokens[len(self.tokens):state.consumed + 1]  # x[D..C]
         for _ in range(max(k, 0)):
             draft_pass = runner.run(pending, len(self.tokens), self.cells, self.admitted,
@@ -127,13 +127,14 @@ class DraftModelProposer:
             self.tokens += pending
             set_control(self.controls, "accepted_len", len(pending))
             row = seam.last_along_axis(draft_pass.logits, draft_pass.logits.rank - 2)  # [1,1,V]
-            token, q = choose(seam, state.sampler, row)  # 4 bytes read back
+            position = state.consumed + 1 + len(drafts)  # where this draft would stand
+            token, q = choose(seam, state.sampler, row, position)  # 4 bytes read back
             drafts.append(token)
             if q is not None:
                 probs.append(q)
             pending = [token]
-        return Proposal(drafts, probs if state.sampler is not None else None,
-                        num_invocations=len(drafts), num_scored_rows=len(drafts))
+        return Proposal(drafts, probs or None, num_invocations=len(drafts),
+                        num_scored_rows=len(drafts))
 
     def _roll_back(self, length: int) -> int:
         """Keep the first ``length`` consumed positions (the draft's own rollback); returns

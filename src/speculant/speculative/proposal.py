@@ -13,12 +13,14 @@ from speculant.workflow.target_pass import PassResult
 
 @dataclass(frozen=True)
 class Proposal:
-    """Drafts for block positions ``1 … k_r`` and, when sampling, what they were drawn from.
+    """Drafts for block positions ``1 … k_r`` and, under rejection sampling, what they were
+    drawn from.
 
     ``probs`` is None for deterministic drafts (prompt lookup, or any proposer under greedy
-    decoding): the verifier then takes ``q = δ_d``. Otherwise ``probs[i]`` is the
-    distribution ``q_{i+1} = T(proposer row)`` [1, V] float32 that ``tokens[i]`` was drawn
-    from, where the proposer's row lives.
+    decoding; under rejection sampling the verifier takes ``q = δ_d``), and for drafts drawn
+    with keyed noise (the verifier compares them with the target's own draws). Otherwise
+    ``probs[i]`` is the distribution ``q_{i+1} = T(proposer row)`` [1, V] float32 that
+    ``tokens[i]`` was drawn from, where the proposer's row lives.
     """
 
     tokens: list[int] = field(default_factory=list)  # the drafts d_1 … d_k_r
@@ -46,7 +48,8 @@ class Proposer(Protocol):
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         """At most ``k`` drafts following the pending token ``state.tokens[-1]``; sampled
-        from ``T(row)`` when ``state.sampler`` is set."""
+        from ``T(row)`` when ``state.sampler`` is set (keyed: draft ``i`` with the noise of
+        sequence position ``state.consumed + i``, workflow/sampler.py)."""
         ...
 
 

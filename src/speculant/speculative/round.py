@@ -45,7 +45,8 @@ class Route:
 def launch_host_round(state: DecodeState, target: TargetPass, proposer: Proposer | None,
                       policy: WidthPolicy, k: int) -> LaunchedRound:
     """Steps 1–3 of the reference round; its read is step 4, acceptance."""
-    # 1. Propose up to k drafts (and, when sampling, the distributions q they came from).
+    # 1. Propose up to k drafts (and, under rejection sampling, the distributions q they
+    #    came from).
     started = time.perf_counter()
     proposal = proposer.propose(state, k) if proposer is not None and k else NO_DRAFTS
     policy.proposed(proposal.k, time.perf_counter() - started)
@@ -56,11 +57,11 @@ def launch_host_round(state: DecodeState, target: TargetPass, proposer: Proposer
                              state.controls, drafts=proposal.drafts)
 
     def read() -> RoundResult:
-        # 3. Accept (greedy or rejection sampling): block[1..a) are accepted drafts, then the
-        #    correction (a <= k) or the bonus (a = k + 1).
+        # 3. Accept (the target's argmax or keyed draw per row, or rejection sampling):
+        #    block[1..a) are accepted drafts, then the correction (a <= k) or the bonus.
         if proposal.drafts is None:
             num_accepted, token = verify(state.seam, state.sampler, block, verify_pass.logits,
-                                         proposal.probs)
+                                         proposal.probs, state.consumed)
             return _result(proposal, num_accepted, [*block[1:num_accepted], token],
                            verify_pass)
         num_accepted, committed = verify_in_place(state.seam, proposal.drafts,

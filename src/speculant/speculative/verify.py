@@ -1,11 +1,13 @@
 """Verification (docs/design/spec/runtime.md §10-§11, §17.4): which block positions the target
 accepts, and the token it commits after them.
 
-``greedy_accept`` is a pure function of the block and the target's choices. Under sampling the
-pure function is ``tensors.sampling.rejection_sample`` (the same code over numpy and CuPy),
-reached through the seam so that the rows stay where they were produced. :func:`verify` picks
-one or the other and returns ``(num_accepted, token)``; it changes nothing but the request's
-generator (its draws), and the round records nothing itself.
+``greedy_accept`` is a pure function of the block and the target's choices: the argmax of
+each row (greedy) or, under keyed sampling, the Gumbel-max draw at each row's sequence
+position (``seam.sample_keyed``). Under rejection sampling the pure function is
+``tensors.sampling.rejection_sample`` (the same code over numpy and CuPy). Both are reached
+through the seam so that the rows stay where they were produced. :func:`verify` picks one and
+returns ``(num_accepted, token)``; it changes nothing but the request's generator (rejection
+sampling's draws), and the round records nothing itself.
 """
 
 from __future__ import annotations
@@ -31,20 +33,24 @@ def greedy_accept(block: Sequence[int], target: Sequence[int]) -> int:
 
 
 def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logits: Value,
-           q: Sequence[Value] | None) -> tuple[int, int]:
-    """``(num_accepted, t[num_accepted])`` for the block ``[p, d_1 … d_k]`` from the
-    verification scores ``logits`` [1, k + 1, V] (row ``i`` scores the token after
-    ``block[0..i]``).
+           q: Sequence[Value] | None, start: int) -> tuple[int, int]:
+    """``(num_accepted, t[num_accepted])`` for the block ``[p, d_1 … d_k]`` at sequence
+    positions ``start … start + k`` from the verification scores ``logits`` [1, k + 1, V]
+    (row ``i`` scores the token after ``block[0..i]``, at position ``start + i + 1``).
 
     Greedy (``sampler`` None): ``t`` is the argmax of every row (``k + 1`` ids read back)
-    and ``num_accepted`` comes from :func:`greedy_accept`. Sampling: speculative rejection
-    sampling against ``p_i = T(row i − 1)`` with the drafts' distributions ``q`` (None:
+    and ``num_accepted`` comes from :func:`greedy_accept`. Keyed sampling: the same with
+    ``t`` the Gumbel-max draw of every row at its position — the token plain sampling draws
+    there, so a draft is accepted exactly when it is that token. Rejection sampling:
+    against ``p_i = T(row i − 1)`` with the drafts' distributions ``q`` (None:
     deterministic drafts, ``q = δ_d``), drawing ``k`` acceptance uniforms then the
     correction or bonus; the count and the token are read back (8 bytes).
     """
     drafts = block[1:]
-    if sampler is None:
-        t = [block[0], *seam.read_token_ids(seam.argmax_rows(logits))]  # k + 1 ids
+    if sampler is None or sampler.is_keyed:
+        choices = seam.argmax_rows(logits) if sampler is None else seam.sample_keyed(
+            logits, sampler.params, sampler.key, start + 1)  # [k + 1] int32
+        t = [block[0], *seam.read_token_ids(choices)]  # k + 1 ids
         num_accepted = greedy_accept(block, t)
         return num_accepted, t[num_accepted]
     p = seam.distribution_rows(logits, sampler.params)  # [k + 1, V] float32

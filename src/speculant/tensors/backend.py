@@ -9,7 +9,7 @@ the reference: it defines every method, and a device backend
 Three groups of methods:
 
 * tensor operations: ``window``, ``gather``, ``scatter``, ``zeros``, ``argmax``,
-  ``distribution``, ``sample``, ``rejection``;
+  ``distribution``, ``keyed``, ``sample``, ``rejection``;
 * transfers and ordering: ``download``, ``upload``, ``peer_copy``, ``synchronize``,
   ``write_batch``, ``unsupported_reason``;
 * the primitives a session needs to hand memory to and from an inference library without a
@@ -120,6 +120,11 @@ class Backend(Protocol):
 
     def distribution(self, x: Value, sampling: Sampling) -> Value:
         """[R, V] float32 probabilities ``T(row)`` of every score row."""
+        ...
+
+    def keyed(self, x: Value, sampling: Sampling, key: int, start: int) -> Value:
+        """[R] int32 token ids: per score row ``r`` of ``x``, the Gumbel-max draw from
+        ``T(row)`` with the noise keyed by ``(key, start + r, id)``."""
         ...
 
     def sample(self, probs: Value, uniforms: Sequence[float]) -> Value:

@@ -1,5 +1,6 @@
 """The CUDA backend's sampling operations: tensors/sampling.py over CuPy, as the host runs it
-over numpy; the uniforms are uploaded (a few bytes), only ids and ``a`` are read back. A part
+over numpy (the keyed noise's hash is the same uint64 arithmetic); the uniforms are uploaded
+(a few bytes), only ids and ``a`` are read back. A part
 of :class:`~speculant.tensors.cuda.CudaBackend`, kept in its own module."""
 
 from __future__ import annotations
@@ -37,6 +38,16 @@ class CudaSampling:
             probs = sampling_math.distribution_rows(self._cp, self._wide_rows(x), sampling)
             out = self._owned(ordinal, probs, np.dtype(np.float32))  # [R, V] float32
         return Value(out, x.residency, "float32", owned=True)
+
+    def keyed(self, x: Value, sampling: Sampling, key: int, start: int) -> Value:
+        cp = self._cp
+        ordinal = cuda_ordinal(x.residency)
+        with self._on(ordinal):
+            rows = self._wide_rows(x)  # [R, V] float64
+            positions = cp.arange(start, start + rows.shape[0], dtype=cp.uint64)  # [R]
+            ids = sampling_math.sample_keyed(cp, rows, sampling, key, positions)
+            out = self._owned(ordinal, ids, np.dtype(np.int32))  # [R] int32
+        return Value(out, x.residency, "int32", owned=True, kind="token_ids")
 
     def sample(self, probs: Value, uniforms: Sequence[float]) -> Value:
         cp = self._cp

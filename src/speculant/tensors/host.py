@@ -134,6 +134,12 @@ class HostBackend:
         probs = sampling_math.distribution_rows(np, rows, sampling)  # [R, V] float64
         return Value(probs.astype(np.float32), HOST, "float32", owned=True)
 
+    def keyed(self, x: Value, sampling: Sampling, key: int, start: int) -> Value:
+        rows = widen_rows(x).astype(np.float64)  # [R, V] float64, exact
+        positions = np.arange(start, start + rows.shape[0], dtype=np.uint64)  # [R]
+        ids = sampling_math.sample_keyed(np, rows, sampling, key, positions)
+        return Value(ids.astype(np.int32), HOST, "int32", owned=True, kind="token_ids")
+
     def sample(self, probs: Value, uniforms: Sequence[float]) -> Value:
         u = np.asarray(uniforms, np.float64)  # [R]
         ids = sampling_math.sample_rows(np, probs.data.reshape(-1, probs.shape[-1]), u)

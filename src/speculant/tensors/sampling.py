@@ -11,10 +11,15 @@ Internally everything is float64; probability rows are stored as float32.
 * :func:`sample_rows` draws one id per row by inverse CDF with a given uniform.
 * :func:`rejection_sample` is the speculative verifier, batched: a pure function of
   ``(p, q, drafts, uniforms)``. With ``q = None`` the drafts are deterministic (``q = δ_d``).
+* :func:`keyed_gumbel` and :func:`sample_keyed`: Gumbel-max draws from noise keyed by
+  ``(seed, position, id)`` through a counter-based hash (splitmix64), so the token drawn at a
+  sequence position depends on nothing else — not on the width of the pass that scored it,
+  nor on which proposer ran or how often (docs/design/spec/runtime.md §17).
 
-The uniforms come from the caller (one generator per request, on the host), so these
+The uniforms and keys come from the caller (one per request, on the host), so these
 functions are deterministic: the same inputs give the same ids on either backend, up to the
-rounding of float64 cumulative sums at a boundary of measure zero.
+rounding of float64 cumulative sums (or of ``log``) at a boundary of measure zero. The hash
+is integer arithmetic, identical on both.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,59 @@ class Sampling:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment, 2^64 / the golden ratio
+_MIX = (30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31)  # splitmix64's finalizer
+
+
+def _mix(xp: ModuleType, z: Any) -> Any:
+    """splitmix64's finalizer (a bijection) over a uint64 array; products wrap mod 2^64."""
+    shift1, mul1, shift2, mul2, shift3 = (xp.uint64(c) for c in _MIX)
+    z = (z ^ (z >> shift1)) * mul1
+    z = (z ^ (z >> shift2)) * mul2
+    return z ^ (z >> shift3)
+
+
+def seed_key(seed: int) -> int:
+    """The 64-bit key of a request seed (any int >= 0): its 64-bit words, lowest first,
+    folded through :func:`_mix`. Distinct seeds below 2^64 have distinct keys."""
+    key = GOLDEN
+    while True:
+        key = int(_mix(np, np.asarray([(key + (seed & MASK64)) & MASK64], np.uint64))[0])
+        seed >>= 64
+        if not seed:
+            return key
+
+
+def keyed_gumbel(xp: ModuleType, key: int, positions: Any, width: int) -> Any:
+    """[R, V] float64 standard Gumbel noise ``G(key, position, id)`` for ``positions`` [R]
+    (sequence positions) and ids ``0 … width − 1``: ``−log(−log u)`` with
+    ``u = ((bits >> 11) + 0.5) / 2^53`` in (0, 1), where ``bits`` is splitmix64's output
+    number ``id + 1`` from the state ``mix(key ^ position · GOLDEN)``. Pure integer
+    arithmetic up to ``u``, so the host and the device give the same ``u`` bit for bit."""
+    steps = xp.asarray(positions, xp.uint64).reshape(-1, 1) * xp.uint64(GOLDEN)  # [R, 1]
+    streams = _mix(xp, steps ^ xp.uint64(key))  # [R, 1] uint64: one stream per position
+    ids = xp.arange(1, width + 1, dtype=xp.uint64).reshape(1, -1)  # [1, V] uint64
+    bits = _mix(xp, streams + ids * xp.uint64(GOLDEN))  # [R, V] uint64
+    u = ((bits >> xp.uint64(11)).astype(xp.float64) + 0.5) * 2.0 ** -53  # [R, V] in (0, 1)
+    return -xp.log(-xp.log(u))
+
+
+def sample_keyed(xp: ModuleType, rows: Any, sampling: Sampling, key: int,
+                 positions: Any) -> Any:
+    """One id per score row of ``rows`` [R, V] float64, row ``r`` drawn at sequence position
+    ``positions[r]``: the argmax of ``log T(row) + G(key, position, id)`` over the ids
+    ``T(row)`` keeps (Gumbel-max: a draw from ``T(row)``, exact for independent noise).
+    ``T``'s filters (top_k, top_p, min_p) apply first; an id of probability 0 never wins;
+    ties go to the lower id. [R] int64."""
+    w = distribution_rows(xp, rows, sampling)  # [R, V] float64
+    kept = w > 0
+    scores = xp.where(kept, xp.log(xp.where(kept, w, 1.0)), -xp.inf)  # log T(row); −inf: dropped
+    scores = scores + keyed_gumbel(xp, key, positions, rows.shape[-1])
+    top = scores.max(axis=-1, keepdims=True)  # [R, 1]
+    return _first_true(xp, scores == top, 0)
 
 
 def widen_bfloat16(xp: ModuleType, words: Any) -> Any:

@@ -1,6 +1,7 @@
-"""The seam's sampling (docs/design/spec/residency.md §3): ``T(row)``, draws and the rejection
-sampler of a round, each run where its rows live (the math: tensors/sampling.py); only ids
-come back. A part of :class:`~speculant.tensors.seam.TensorSeam`, kept in its own module."""
+"""The seam's sampling (docs/design/spec/residency.md §3): ``T(row)``, draws (keyed Gumbel-max,
+or inverse CDF from host uniforms) and the rejection sampler of a round, each run where its
+rows live (the math: tensors/sampling.py); only ids come back. A part of
+:class:`~speculant.tensors.seam.TensorSeam`, kept in its own module."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import operator
 from collections.abc import Sequence
 
 from speculant.errors import ContractError
-from speculant.tensors.sampling import Sampling
+from speculant.tensors.sampling import MASK64, Sampling
 from speculant.tensors.value import FLOAT_DTYPES, Value
 
 
@@ -18,22 +19,26 @@ class SamplingOps:
     def distribution_rows(self, scores: Value, sampling: Sampling) -> Value:
         """``T(row)`` of every score row of ``scores`` [..., V]: [R, V] float32
         probabilities, computed where the scores live (the math: tensors/sampling.py)."""
-        if scores.dtype not in FLOAT_DTYPES:
-            raise ContractError(f"distribution_rows: scores must be float32, float16 or "
-                                f"bfloat16, got {scores.describe()}", value=scores.dtype,
-                                expected="a float dtype")
-        if scores.rank == 0 or scores.shape[-1] == 0:
-            raise ContractError(f"distribution_rows: score rows of width 0 in "
-                                f"{scores.describe()}", value=scores.shape,
-                                expected="last extent >= 1")
-        if not sampling.temperature > 0:
-            raise ContractError(f"distribution_rows: temperature {sampling.temperature} is not "
-                                "> 0 (temperature 0 is greedy: use argmax_rows)",
-                                value=sampling.temperature, expected="> 0")
+        self._check_scores("distribution_rows", scores, sampling)
         if scores.size == 0:
             return self._empty((0, scores.shape[-1]), "float32")
         return self.backend_for("distribution_rows", scores, "scores").distribution(
             scores, sampling)
+
+    def sample_keyed(self, scores: Value, sampling: Sampling, key: int, start: int) -> Value:
+        """One token id per score row of ``scores`` [..., V], row ``r`` drawn at sequence
+        position ``start + r`` by Gumbel-max on the noise keyed by ``(key, position, id)``
+        (``key``: ``sampling.seed_key`` of the request's seed): [R] int32 token ids, computed
+        where the scores live; 4 bytes a row to read back."""
+        op = "sample_keyed"
+        self._check_scores(op, scores, sampling)
+        if not (0 <= operator.index(key) <= MASK64 and operator.index(start) >= 0):
+            raise ContractError(f"{op}: key {key} or start {start} out of range",
+                                value=(key, start), expected="0 <= key < 2^64, start >= 0")
+        if scores.size == 0:
+            return self._empty((0,), "int32", "token_ids")
+        return self.backend_for(op, scores, "scores").keyed(scores, sampling, int(key),
+                                                             int(start))
 
     def sample_rows(self, probs: Value, uniforms: Sequence[float]) -> Value:
         """One token id per row of ``probs`` [R, V] float32, by inverse CDF with the host
@@ -83,6 +88,20 @@ class SamplingOps:
         q = q if k else None  # no drafts: nothing was drawn from any q
         return self.backend_for(op, p, "p").rejection(p, q, [int(d) for d in drafts],
                                                       [float(u) for u in uniforms])
+
+    @staticmethod
+    def _check_scores(op: str, scores: Value, sampling: Sampling) -> None:
+        if scores.dtype not in FLOAT_DTYPES:
+            raise ContractError(f"{op}: scores must be float32, float16 or bfloat16, got "
+                                f"{scores.describe()}", value=scores.dtype,
+                                expected="a float dtype")
+        if scores.rank == 0 or scores.shape[-1] == 0:
+            raise ContractError(f"{op}: score rows of width 0 in {scores.describe()}",
+                                value=scores.shape, expected="last extent >= 1")
+        if not sampling.temperature > 0:
+            raise ContractError(f"{op}: temperature {sampling.temperature} is not > 0 "
+                                "(temperature 0 is greedy: use argmax_rows)",
+                                value=sampling.temperature, expected="> 0")
 
     @staticmethod
     def _check_probs(op: str, probs: Value, role: str) -> None:

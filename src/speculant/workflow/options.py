@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from speculant.errors import RequestError
+from speculant.workflow.sampler import ACCEPTANCE_METHODS, GUMBEL
 
 
 def _option(default: object, help_text: str) -> Any:
@@ -32,10 +33,15 @@ class GenerationOptions:
     drafts per round: ``"auto"`` (the default) picks each round's width from the measured
     acceptance and costs (``speculative/width.py``), an int fixes it, None fixes it at the
     kind's default. ``temperature`` 0 is greedy (argmax,
-    bit-exact); above 0 tokens are drawn from ``T(row)`` (``top_k`` 0: no limit, ``top_p``,
-    ``min_p``) by one generator seeded by ``seed``. ``stop`` strings end the text where they
-    first appear (the stop text is not emitted); ``stop_token_ids`` add to the package's EOS
-    ids, which stop the stream unless ``stop_on_eos`` is False. ``max_context`` caps the
+    bit-exact), and so is any temperature below :data:`MIN_TEMPERATURE` (the limit, and where
+    ``score / temperature`` would leave float range); above it tokens are drawn from
+    ``T(row)`` (``top_k`` 0: no limit, ``top_p``, ``min_p``) with noise keyed by ``seed``
+    and the position (None: a fresh seed per request, reported in the stats), so a seed
+    reproduces the text whatever ``k`` and the proposer; ``acceptance`` ``"rejection"``
+    verifies by rejection sampling instead (reproducible at a fixed ``k`` only). ``stop``
+    strings end the text where they first appear (the stop text is not emitted);
+    ``stop_token_ids`` add to the package's EOS ids, which stop the stream unless
+    ``stop_on_eos`` is False. ``max_context`` caps the
     stream's length; ``ngram_range = (n_min, n_max)`` is prompt lookup's."""
 
     max_new_tokens: int = _option(64, "Tokens to generate at most.")
@@ -49,7 +55,13 @@ class GenerationOptions:
     top_k: int = _option(0, "Sample among the k most probable ids (0: all).")
     min_p: float = _option(0.0, "Drop ids below this fraction of the most probable one's "
                                 "probability.")
-    seed: int = _option(0, "Seed of the request's sampling generator.")
+    seed: int | None = _option(None, "Seed of the sampling noise: the same seed gives the "
+                                     "same text, with or without speculation, at any k "
+                                     "(default: a fresh seed per request, printed by "
+                                     "--stats).")
+    acceptance: str = _option(GUMBEL, "How sampled drafts are accepted: gumbel (keyed noise; "
+                                      "reproducible at any k) or rejection (rejection "
+                                      "sampling; reproducible at a fixed k only).")
     stop: tuple[str, ...] = _option((), "Stop string (repeatable); the text ends before it.")
     stop_token_ids: tuple[int, ...] = ()
     stop_on_eos: bool = True
@@ -93,7 +105,8 @@ class GenerationOptions:
             top_p=_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True),
             top_k=_integer("top_k", self.top_k, low=0),
             min_p=_real("min_p", self.min_p, low=0.0, high=1.0),
-            seed=_integer("seed", self.seed, low=0),
+            seed=None if self.seed is None else _integer("seed", self.seed, low=0),
+            acceptance=_choice("acceptance", self.acceptance, ACCEPTANCE_METHODS),
             stop=_stop_strings(self.stop),
             stop_token_ids=tuple(_integer(f"stop_token_ids[{i}]", t, low=0)
                                  for i, t in enumerate(_sequence("stop_token_ids",
@@ -105,6 +118,9 @@ class GenerationOptions:
 
 
 FIELD_NAMES = frozenset(f.name for f in fields(GenerationOptions))
+# Below this temperature a request decodes greedily: the limit of sampling as the temperature
+# falls, reached long before ``score / temperature`` overflows (vLLM's _SAMPLING_EPS, 1e-5).
+MIN_TEMPERATURE = 1e-5
 DEFAULTS = GenerationOptions()  # what the CLI's and the server's options default to
 
 
@@ -195,6 +211,13 @@ def _sequence(name: str, value: object) -> tuple:
         raise RequestError(f"{name} must be a sequence", path=name,
                            value=type(value).__name__, expected="a list or tuple")
     return tuple(value)  # type: ignore[arg-type]
+
+
+def _choice(name: str, value: object, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise RequestError(f"{name} = {value!r} is not one of {', '.join(choices)}",
+                           path=name, value=value, expected=" or ".join(choices))
+    return value
 
 
 def _optional_name(name: str, value: object) -> str | None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from speculant.package.model import TensorContract, WorkflowInput
 from speculant.package.plan import LoadPlan
 from speculant.tensors import NUMPY_DTYPES, Value
 from speculant.tensors.sampling import Sampling
-from speculant.workflow.options import GenerationOptions
+from speculant.workflow.options import MIN_TEMPERATURE, GenerationOptions
 
 CONTROL_SEEDS = {"active": True, "done": False, "accepted_len": 0}
 
@@ -30,13 +31,15 @@ class Request:
 class Admitted:
     """What admission decided, fixed for the whole decode: the values bound into every pass,
     the defaults materialized per pass, the serving controls' starting values (the decode
-    state owns their current ones), the context cap and the sampling in force."""
+    state owns their current ones), the context cap, the sampling in force and the seed (the
+    request's, or drawn fresh for it)."""
 
     fixed: Mapping[str, Value]  # workflow value -> value bound into every pass
     defaults: Mapping[str, WorkflowInput]  # materialized per pass at the pass's resolved shape
     initial_controls: Mapping[str, Value]  # "active"/"done"/"accepted_len" -> seeded value
     context_cap: int | None  # M: the context cap; None: no cap
     sampling: Sampling | None = None  # T(row) in force; None: greedy
+    seed: int = 0  # >= 0: the request's seed, or a fresh one when it gave none
 
 
 def literal_value(name: str, spec: WorkflowInput, shape: tuple[int, ...]) -> Value:
@@ -81,7 +84,12 @@ def admit_request(plan: LoadPlan, inputs_spec: Mapping[str, WorkflowInput], requ
                   *, vocab_size: int | None, static_context_cap: int | None,
                   never_materialized: Sequence[str] = ()) -> Admitted:
     """Admit ``request`` ; raise `RequestError` naming what is wrong.
-    Its options are already checked by type and range."""
+    Its options are already checked by type and range; a request without a seed gets a
+    fresh one here (every ``seed``-role input can hold it), so that whatever uses the seed
+    sees the same."""
+    if request.options.seed is None:
+        request = replace(request, options=replace(request.options,
+                                                   seed=fresh_seed(inputs_spec.values())))
     prompt = request.prompt_ids
     if len(prompt) == 0:
         raise RequestError("the prompt is empty", path="prompt_ids",
@@ -148,7 +156,20 @@ def admit_request(plan: LoadPlan, inputs_spec: Mapping[str, WorkflowInput], requ
         raise RequestError(f"the prompt fills the context: {len(prompt)} tokens, context cap "
                            f"{context_cap}", path="prompt_ids", value=len(prompt),
                            expected=f"fewer than {context_cap} tokens")
-    return Admitted(fixed, defaults, controls, context_cap, sampling_of(request.options))
+    return Admitted(fixed, defaults, controls, context_cap, sampling_of(request.options),
+                    request.options.seed)
+
+
+def fresh_seed(inputs: Iterable[WorkflowInput]) -> int:
+    """A random seed in [0, 2^63), narrower where a ``seed``-role request input's dtype
+    holds less (an integer dtype's maximum; 2^24 for a float, exact in float32)."""
+    bound = 2**63 - 1
+    for spec in inputs:
+        if spec.source.kind == "request" and spec.role.role == "seed":
+            dtype = NUMPY_DTYPES[spec.contract.dtype]
+            bound = min(bound, int(np.iinfo(dtype).max) if np.issubdtype(dtype, np.integer)
+                        else 2**24)
+    return secrets.randbelow(bound + 1)
 
 
 def _request_role_value(name: str, spec: WorkflowInput, request: Request) -> Value:
@@ -178,8 +199,8 @@ def _request_role_value(name: str, spec: WorkflowInput, request: Request) -> Val
 
 
 def sampling_of(options: GenerationOptions) -> Sampling | None:
-    """The sampling settings in force (temperature above 0); None for greedy. The options are
-    checked already."""
-    if options.temperature == 0:
+    """The sampling settings in force (temperature at least MIN_TEMPERATURE); None for
+    greedy. The options are checked already."""
+    if options.temperature < MIN_TEMPERATURE:
         return None
     return Sampling(options.temperature, options.top_k, options.top_p, options.min_p)

@@ -12,6 +12,8 @@ class DecodeStats:
 
     proposer: str | None = None  # the proposer kind of the run (None: plain decode)
     route: str | None = None  # how its rounds ran and why (speculative/decode.choose_route)
+    seed: int | None = None  # the seed it sampled with (the request's or a fresh one); greedy: None
+    acceptance: str | None = None  # "gumbel" or "rejection" when sampling (workflow/sampler.py)
     rounds: int = 0  # rounds with k_r >= 1 (a proposal, a verification pass, a commit)
     greedy_steps: int = 0  # passes over the pending token alone (k_r = 0)
     target_passes: int = 0  # prefill + rounds + greedy steps
