@@ -23,12 +23,14 @@ class FailingStream:
 
 
 class FailingEngine:
-    """Every decode fails: ``generate`` at once, ``stream`` after one piece."""
+    """Every decode fails: ``decode`` at once, ``stream`` after one piece (``package``: a
+    real one's, for the server's token budget)."""
 
-    def __init__(self) -> None:
+    def __init__(self, package) -> None:
+        self.package = package
         self.streams: list[FailingStream] = []
 
-    def generate(self, prompt, options):
+    def decode(self, prompt, options):
         raise ContractError("the graph produced NaN", path="logits")
 
     def stream(self, prompt, options):
@@ -42,8 +44,8 @@ def _post(raw, body: dict) -> tuple[int, bytes]:
     return status, answer
 
 
-def test_failures_are_reported_and_survived(serve_app, raw_at):
-    engine = FailingEngine()
+def test_failures_are_reported_and_survived(serve_app, raw_at, engine):
+    engine = FailingEngine(engine.package)
     app = create_app(engine, "failing")
     raw = raw_at(serve_app(app))
 

@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import fields as dataclass_fields
+from inspect import Parameter, signature
+from typing import Annotated, Any, get_type_hints
 
 import typer
 
 from speculant import cli
 from speculant.errors import SpeculantError
 from speculant.serve import load_engine, require
+from speculant.serve.limits import ServerLimits, uvicorn_config
 from speculant.serve.schemas import PROPOSERS
 from speculant.speculative.kinds import AUTO
 
+# max_new_tokens is the limits' --max-tokens: the server's default is the remaining context
+REQUEST_OPTIONS = tuple(name for name in cli.REQUEST_OPTIONS if name != "max_new_tokens")
 
-@cli.generation_options(*cli.REQUEST_OPTIONS, "stop", flags={"max_new_tokens": ("--max-tokens",)})
+
+def limit_options(command):
+    """Give ``command`` an option for each field of :class:`ServerLimits` (its flag,
+    default and help), received in its ``**fields`` like the generation options."""
+    hints = get_type_hints(ServerLimits)
+    added = [Parameter(f.name, Parameter.KEYWORD_ONLY, default=f.default, annotation=Annotated[
+        hints[f.name], typer.Option(f.metadata["flag"], help=f.metadata["help"])])
+        for f in dataclass_fields(ServerLimits)]
+    declared = signature(command, eval_str=True)
+    command.__signature__ = declared.replace(parameters=[*declared.parameters.values(), *added])
+    return command
+
+
+@limit_options
+@cli.generation_options(*REQUEST_OPTIONS, "stop")
 def serve(
     package: Annotated[str, typer.Argument(help="Package folder or built-in name.")] = \
         cli.DEFAULT_PACKAGE,
@@ -26,8 +45,6 @@ def serve(
     model_name: Annotated[str | None, typer.Option(help="The model id clients send "
                                                         "(default: the package's folder "
                                                         "name).")] = None,
-    max_body_bytes: Annotated[int, typer.Option(help="Largest request body "
-                                                     "accepted.")] = 1 << 20,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level (info logs each "
                                                  "request).")] = "info",
     ray: Annotated[bool, typer.Option("--ray", help="Serve as a Ray Serve deployment (one "
@@ -39,7 +56,9 @@ def serve(
     **fields: Any,
 ) -> None:
     """Serve a package over OpenAI's HTTP API: /v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics. The generation options are the requests' defaults."""
+    /v1/models, /health, /metrics. The generation options are the requests' defaults; the
+    limits bound each request, the queue and the connections (docs/serving.md)."""
+    limits = ServerLimits(**{f.name: fields.pop(f.name) for f in _LIMIT_FIELDS})
     try:
         proposer = fields["proposer"]
         if proposer is not None and proposer not in (*PROPOSERS, AUTO):
@@ -61,10 +80,13 @@ def serve(
         from speculant.serve.app import create_app
 
         engine = load_engine(package, device=device, draft=draft, threads=threads)
-        app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)
+        app = create_app(engine, name, defaults, limits=limits)
     except SpeculantError as error:
         cli.fail(error)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, log_level=log_level)).run()
+
+
+_LIMIT_FIELDS = dataclass_fields(ServerLimits)
 
 
 def _model_name(package: str) -> str:
