@@ -138,9 +138,9 @@ LAYERS = {
 # beside it. The change a commit makes is `git diff --stat`'s to report, not a comment here.
 LAYER_CEILINGS = {
     "package": 3_568, "tensors": 1_966, "text": 424, "session": 914, "workflow": 1_325,
-    "speculative": 1_992, "engine and API": 1_192, "serve": 759,
+    "speculative": 1_992, "engine and API": 1_192, "serve": 1_167,
 }
-RUNTIME_CEILING = 12_140  # the sum, under the 12,145 lines of 2026-12-07 (12,129 at the start)
+RUNTIME_CEILING = 12_548  # the sum of the layer ceilings
 MODULE_LINE_LIMIT = 500
 
 

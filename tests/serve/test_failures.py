@@ -4,6 +4,7 @@ error event; the server serves the next request either way."""
 from __future__ import annotations
 
 import json
+import time
 
 from speculant.errors import ContractError
 from speculant.serve.app import create_app
@@ -62,6 +63,9 @@ def test_failures_are_reported_and_survived(serve_app, raw_at, engine):
         assert json.loads(events[0])["choices"][0]["text"] == "one piece"
         assert "NaN" in json.loads(events[-2])["error"]["message"]
         assert events[-1] == "[DONE]"
+        deadline = time.monotonic() + 10  # closed on the engine thread, right after the answer
+        while not engine.streams[-1].is_closed and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert engine.streams[-1].is_closed
     metrics = app.state.service.metrics
     assert metrics.errors.labels("failing", "500")._value.get() == 4
