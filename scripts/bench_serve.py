@@ -18,6 +18,15 @@ and the server's speculative counters (/metrics) over the pass; with a started s
 same requests through ``engine.generate`` in this process, one at a time, as a baseline
 without HTTP. Writes ``results.json`` and
 ``results.md`` to ``--out``.
+
+``--abuse`` then runs the abuse cases against the same server (a started one gets small limits,
+``ABUSE_LIMITS``, so that each case takes seconds): a half-sent body, slow headers, a flood of
+idle connections beyond ``--max-connections``, a flood of requests beyond ``--max-waiting``,
+abandoned non-streamed requests, a request past its deadline, and (a started server) SIGTERM
+with a half-sent request open. Each case reports what was tried, how many were handled right
+(the documented status, connection closed in time, the next client served promptly) and
+mishandled, in the table form of docs/evidence/hostile-2026-12/server.md. ``--rounds 0
+--abuse``: the abuse cases alone.
 """
 
 from __future__ import annotations
@@ -28,9 +37,11 @@ import json
 import os
 import platform
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -38,6 +49,10 @@ from pathlib import Path
 import numpy as np
 import openai
 
+# The limits of a server started for --abuse, as `speculant serve` options (seconds, counts).
+ABUSE_LIMITS = {"--request-timeout": 2, "--max-waiting": 4, "--max-connections": 32,
+                "--header-timeout": 2, "--body-timeout": 2, "--shutdown-timeout": 3,
+                "--retry-after": 1}
 SPEC_COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
                  "spec_decode_num_accepted_tokens_total")
 
@@ -48,7 +63,9 @@ def main() -> None:
     url = args.url
     load_before = os.getloadavg()
     if url is None:
-        server, url = _start_server(args.package, args.threads)
+        server, url = _start_server(args.package, args.threads,
+                                    ABUSE_LIMITS if args.abuse else {})
+    abuse: list[dict] = []
     try:
         _wait_healthy(url)
         model = args.model or _served_model(url)
@@ -58,11 +75,14 @@ def main() -> None:
             for config in args.config:
                 passes[config].append(asyncio.run(_run_pass(url, model, config, prompts,
                                                             args)))
-        results = [_summary(config, config_passes) for config, config_passes in passes.items()]
-        if args.url is None:
+        results = [_summary(config, config_passes) for config, config_passes in passes.items()
+                   if config_passes]
+        if args.url is None and results:
             _add_engine_alone(results, prompts, args)
+        if args.abuse:
+            abuse = _run_abuse(url, model, args, server)
     finally:
-        if server is not None:
+        if server is not None and server.poll() is None:
             server.terminate()
             server.wait(timeout=30)
     report = {"command": " ".join(["python", *sys.argv]), "machine": _machine(),
@@ -70,7 +90,7 @@ def main() -> None:
               "package": args.package, "clients": args.clients,
               "requests_per_client": args.requests, "rounds": args.rounds,
               "max_tokens": args.max_tokens,
-              "results": results}
+              "results": results, "abuse": abuse}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -95,6 +115,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None,
                         help="ONNX Runtime intra-op threads of the started server's sessions "
                              "(and of the engine-alone baseline)")
+    parser.add_argument("--abuse", action="store_true",
+                        help="then run the abuse cases (a started server gets ABUSE_LIMITS)")
     parser.add_argument("--out", default="bench-serve")
     args = parser.parse_args()
     args.config = args.config or ["plain", "chained"]
@@ -109,13 +131,16 @@ def _config(text: str) -> str:
     return text
 
 
-def _start_server(package: str, threads: int | None) -> tuple[subprocess.Popen, str]:
+def _start_server(package: str, threads: int | None, limits: dict
+                  ) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     threads_args = ["--threads", str(threads)] if threads is not None else []
+    limit_args = [str(part) for option, value in limits.items() for part in (option, value)]
     server = subprocess.Popen([sys.executable, "-m", "speculant", "serve", package,
-                               "--port", str(port), "--log-level", "warning", *threads_args])
+                               "--port", str(port), "--log-level", "error", *threads_args,
+                               *limit_args])
     return server, f"http://127.0.0.1:{port}"
 
 
@@ -239,6 +264,173 @@ def _add_engine_alone(results: list[dict], prompts: list, args: argparse.Namespa
                                                / sum(r.total_s for r in runs))
 
 
+def _run_abuse(url: str, model: str, args: argparse.Namespace,
+               server: subprocess.Popen | None) -> list[dict]:
+    """The abuse cases against the server at ``url`` (limits: ABUSE_LIMITS when started
+    here; read from /health and the 429s otherwise), each {test, tried, right, detail}."""
+    host, port = url.removeprefix("http://").split(":")
+    where = (host, int(port))
+    limits = {k.removeprefix("--"): v for k, v in ABUSE_LIMITS.items()}
+    long_request = {"model": model, "prompt": args.prompt, "max_tokens": 100_000}
+    cases = []
+
+    def case(test: str, tried: int, right: int, detail: str) -> None:
+        cases.append({"test": test, "tried": tried, "right": right, "detail": detail})
+        print(f"abuse: {test}: {right}/{tried} handled right ({detail})", flush=True)
+
+    def closed_after(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
+        started, received = time.monotonic(), b""
+        sock.settimeout(timeout_s)
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except OSError:  # a timeout (still open) or a reset (closed)
+            pass
+        return received, time.monotonic() - started
+
+    def probe() -> tuple[int, float]:
+        started = time.monotonic()
+        status, _, _ = _exchange(where, {"model": model, "prompt": args.prompt,
+                                         "max_tokens": 4})
+        return status, time.monotonic() - started
+
+    # 1. half-sent bodies: 408, closed within the body timeout
+    socks = [socket.create_connection(where) for _ in range(5)]
+    for sock in socks:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 100\r\n\r\n{")
+    outcomes = [closed_after(sock, limits["body-timeout"] + 10) for sock in socks]
+    for sock in socks:
+        sock.close()
+    right = sum(a.startswith(b"HTTP/1.1 408") and t < limits["body-timeout"] + 5
+                for a, t in outcomes)
+    case("half-sent body (Content-Length 100, 1 byte)", len(socks), right,
+         f"408 and closed after {max(t for _, t in outcomes):.1f} s at most")
+
+    # 2. slow headers: half a request line, and a header trickled a byte every 0.3 s
+    def slow_headers(trickle: bool) -> float:
+        sock = socket.create_connection(where)
+        started = time.monotonic()
+        try:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\n")
+            for byte in b"X-Slow: " + b"x" * 100 if trickle else b"":
+                sock.sendall(bytes([byte]))
+                time.sleep(0.3)
+        except OSError:
+            return time.monotonic() - started
+        _, waited = closed_after(sock, limits["header-timeout"] + 10)
+        sock.close()
+        return time.monotonic() - started if waited else waited
+    waits = [slow_headers(trickle) for trickle in (False, True, False, True)]
+    case("slow headers (silent, trickled)", len(waits),
+         sum(w < limits["header-timeout"] + 3 for w in waits),
+         f"closed after {max(waits):.1f} s at most")
+
+    # 3. idle connections beyond the limit: refused at once, and a client served after
+    idle = [socket.create_connection(where) for _ in range(limits["max-connections"])]
+    extra = [socket.create_connection(where) for _ in range(50)]
+    answers = [closed_after(sock, 5)[0] for sock in extra]
+    for sock in idle + extra:
+        sock.close()
+    time.sleep(0.2)
+    status, latency = probe()
+    right = sum(a.startswith(b"HTTP/1.1 503") and b"retry-after" in a for a in answers)
+    case(f"idle connection flood ({len(idle)} held + {len(extra)} over the limit)",
+         len(extra) + 1, right + (status == 200 and latency < 5),
+         f"503 + Retry-After and closed; then a client served in {latency:.2f} s")
+
+    # 4. a request flood beyond the queue: 429 + Retry-After, the rest answered
+    results: list[tuple[int, dict]] = []
+    flood = [threading.Thread(target=lambda: results.append(_exchange(where, long_request)[:2]))
+             for _ in range(limits["max-waiting"] + 11)]
+    for thread in flood:
+        thread.start()
+        time.sleep(0.02)
+    for thread in flood:
+        thread.join(timeout=60)
+    num_429 = sum(s == 429 and "retry-after" in h for s, h in results)
+    num_served = sum(s in (200, 504) for s, _ in results)
+    case(f"request flood ({len(flood)} long requests, queue {limits['max-waiting']})",
+         len(flood), num_429 + num_served,
+         f"{num_429} × 429 + Retry-After, {num_served} answered (200, or 504 at the deadline)")
+
+    # 5. abandoned non-streamed requests: stopped, the next client served promptly
+    aborted_before = _counter(url, "request_success_total", 'finished_reason="abort"')
+    for _ in range(4):
+        sock = socket.create_connection(where)
+        body = json.dumps(long_request).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.3)
+        sock.close()
+    status, latency = probe()
+    num_aborted = _counter(url, "request_success_total", 'finished_reason="abort"') - \
+        aborted_before
+    case("abandoned non-streamed requests (4, clients gone after 0.3 s)", 5,
+         int(num_aborted) + (status == 200 and latency < 5),
+         f"{num_aborted:.0f} counted abort; the next client served in {latency:.2f} s")
+
+    # 6. a request past its deadline: 504 in time (or 200 before it), and a stream's last
+    # event says so (or it ended before the deadline)
+    deadline = limits["request-timeout"]
+    started = time.monotonic()
+    status, _, body = _exchange(where, long_request)
+    waited = time.monotonic() - started
+    started = time.monotonic()
+    _, _, streamed = _exchange(where, {**long_request, "stream": True})
+    streamed_s = time.monotonic() - started
+    is_stream_right = streamed.endswith(b"[DONE]\n\n") and (
+        b"deadline_exceeded" in streamed or streamed_s < deadline)
+    is_plain_right = (status == 504 and waited < deadline + 3) or \
+        (status == 200 and waited < deadline)
+    case(f"deadline ({deadline} s; a decode of the whole context, plain and streamed)", 2,
+         is_plain_right + is_stream_right,
+         f"plain: {status} after {waited:.1f} s; streamed: "
+         f"{'deadline_exceeded' if b'deadline_exceeded' in streamed else 'finished'} "
+         f"after {streamed_s:.1f} s")
+
+    # 7. SIGTERM with a half-sent request open: exits within the shutdown timeout
+    if server is not None:
+        sock = socket.create_connection(where)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                     b"\r\n{")
+        started = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=limits["shutdown-timeout"] + 10)
+        except subprocess.TimeoutExpired:
+            pass
+        waited = time.monotonic() - started
+        sock.close()
+        case("SIGTERM with a half-sent request open", 1,
+             int(server.poll() is not None and waited < limits["shutdown-timeout"] + 5),
+             f"exited after {waited:.1f} s")
+    return cases
+
+
+def _exchange(where: tuple[str, int], body: dict) -> tuple[int, dict, bytes]:
+    import http.client
+
+    connection = http.client.HTTPConnection(*where, timeout=120)
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(body),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        headers = {k.lower(): v for k, v in response.getheaders()}
+        return response.status, headers, response.read()
+    except OSError as error:
+        return 0, {"error": str(error)}, b""
+    finally:
+        connection.close()
+
+
+def _counter(url: str, name: str, label: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics") as response:
+        text = response.read().decode()
+    return sum(float(v) for v in re.findall(rf"^speculant:{name}\{{[^}}]*{label}[^}}]*\}} (\S+)$",
+                                            text, re.M))
+
+
 def _machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}"
 
@@ -266,6 +458,11 @@ def _markdown(report: dict) -> str:
             f"{r['spec_decode_num_draft_tokens']:.0f} | "
             f"{r['spec_decode_num_accepted_tokens']:.0f} | {rate} | {alone} | "
             + " ".join(f"{t:.0f}" for t in r["tokens_per_s_per_pass"]) + " |")
+    if report["abuse"]:
+        lines += ["", "| test | inputs tried | handled right | mishandled | detail |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {a['test']} | {a['tried']} | {a['right']} | {a['tried'] - a['right']} | "
+                  f"{a['detail']} |" for a in report["abuse"]]
     return "\n".join(lines) + "\n"
 
 

@@ -138,9 +138,9 @@ LAYERS = {
 # beside it. The change a commit makes is `git diff --stat`'s to report, not a comment here.
 LAYER_CEILINGS = {
     "package": 3_568, "tensors": 2_066, "text": 809, "session": 914, "workflow": 1_391,
-    "speculative": 2_003, "engine and API": 1_202, "serve": 773,
+    "speculative": 2_003, "engine and API": 1_202, "serve": 1_181,
 }
-RUNTIME_CEILING = 12_726  # the sum
+RUNTIME_CEILING = 13_134  # the sum
 MODULE_LINE_LIMIT = 500
 
 

@@ -2,7 +2,9 @@
 ``openai`` client pointed at it.
 
 ``serve_app(app)`` starts any app (a uvicorn server in a daemon thread, on a free port) and
-returns its base URL; the servers stop at the end of the session.
+returns its base URL; ``serve_app(app, limits)`` starts it as `speculant serve` does, under
+those ServerLimits (uvicorn's settings and the guarded connection protocol). The servers stop
+at the end of the session.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import uvicorn  # noqa: E402
 from builders.writers import write_chained_package  # noqa: E402
 from speculant.serve import load_engine  # noqa: E402
 from speculant.serve.app import create_app  # noqa: E402
+from speculant.serve.limits import uvicorn_config  # noqa: E402
 
 MODEL = "fixture"
 # Only characters of the fixture vocabulary (letters, space, parentheses, newline).
@@ -63,10 +66,12 @@ def _free_port() -> int:
 def serve_app() -> Iterator[Callable[..., str]]:
     servers: list[tuple[uvicorn.Server, threading.Thread]] = []
 
-    def start(app) -> str:
+    def start(app, limits=None) -> str:
         port = _free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                               log_level="warning"))
+        config = uvicorn_config(app, limits, host="127.0.0.1", port=port,
+                                log_level="warning") if limits is not None else \
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         deadline = time.monotonic() + 10

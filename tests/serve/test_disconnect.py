@@ -37,16 +37,24 @@ class SlowStream:
 
 
 class SlowEngine:
+    """The engine, its decodes slowed down (SlowStream) and logged in ``streams``."""
+
     def __init__(self, engine) -> None:
         self.engine = engine
         self.streams: list[dict] = []
 
     def stream(self, prompt, options):
-        self.streams.append({})
-        return SlowStream(self.engine.stream(prompt, options), self.streams[-1])
+        return self._slow(self.engine.stream(prompt, options))
 
-    def generate(self, prompt, options):
-        return self.engine.generate(prompt, options)
+    def decode(self, prompt, options):
+        return self._slow(self.engine.decode(prompt, options))
+
+    def _slow(self, inner) -> SlowStream:
+        self.streams.append({})
+        return SlowStream(inner, self.streams[-1])
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
 
 
 def test_disconnect_closes_the_stream(serve_app, engine):

@@ -4,6 +4,7 @@ error event; the server serves the next request either way."""
 from __future__ import annotations
 
 import json
+import time
 
 from speculant.errors import ContractError
 from speculant.serve.app import create_app
@@ -23,12 +24,14 @@ class FailingStream:
 
 
 class FailingEngine:
-    """Every decode fails: ``generate`` at once, ``stream`` after one piece."""
+    """Every decode fails: ``decode`` at once, ``stream`` after one piece (``package``: a
+    real one's, for the server's token budget)."""
 
-    def __init__(self) -> None:
+    def __init__(self, package) -> None:
+        self.package = package
         self.streams: list[FailingStream] = []
 
-    def generate(self, prompt, options):
+    def decode(self, prompt, options):
         raise ContractError("the graph produced NaN", path="logits")
 
     def stream(self, prompt, options):
@@ -42,8 +45,8 @@ def _post(raw, body: dict) -> tuple[int, bytes]:
     return status, answer
 
 
-def test_failures_are_reported_and_survived(serve_app, raw_at):
-    engine = FailingEngine()
+def test_failures_are_reported_and_survived(serve_app, raw_at, engine):
+    engine = FailingEngine(engine.package)
     app = create_app(engine, "failing")
     raw = raw_at(serve_app(app))
 
@@ -60,6 +63,9 @@ def test_failures_are_reported_and_survived(serve_app, raw_at):
         assert json.loads(events[0])["choices"][0]["text"] == "one piece"
         assert "NaN" in json.loads(events[-2])["error"]["message"]
         assert events[-1] == "[DONE]"
+        deadline = time.monotonic() + 10  # closed on the engine thread, right after the answer
+        while not engine.streams[-1].is_closed and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert engine.streams[-1].is_closed
     metrics = app.state.service.metrics
     assert metrics.errors.labels("failing", "500")._value.get() == 4

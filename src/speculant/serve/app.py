@@ -3,11 +3,13 @@
     GET  /v1/models              the one model served
     POST /v1/completions         text completion, streamed as server-sent events on request
     POST /v1/chat/completions    chat, rendered with the package's chat template
-    GET  /health                 200 once the engine is loaded
+    GET  /health                 200 while the engine makes progress; 503 with the reason if not
     GET  /metrics                Prometheus exposition (speculant.serve.metrics)
 
 Errors are OpenAI's JSON (``{"error": {"message", "type", "param", "code"}}``) with a 4xx
-status for anything the client sent; the server keeps serving after every one of them.
+status for anything the client sent, 429 (with ``Retry-After``) when the queue is full and
+504 when a request passes its deadline; the server keeps serving after every one of them.
+The limits are :class:`speculant.serve.limits.ServerLimits`.
 """
 
 from __future__ import annotations
@@ -28,32 +30,43 @@ from starlette.exceptions import HTTPException
 
 from speculant import GenerationOptions
 from speculant.errors import RequestError, SpeculantError
+from speculant.serve.admission import DeadlineExceededError, QueueFullError
 from speculant.serve.body_limit import BodyLimit
+from speculant.serve.limits import ServerLimits
 from speculant.serve.schemas import ChatRequest, CompletionRequest
-from speculant.serve.service import Piece, Service
+from speculant.serve.service import ClientGoneError, Piece, Service
 
-MAX_BODY_BYTES = 1 << 20  # 1 MiB
+MAX_BODY_BYTES = ServerLimits.max_body_bytes
 
 
 def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None = None, *,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               limits: ServerLimits | None = None) -> FastAPI:
     """The app over ``engine`` (``speculant.load``'s, or anything with its
-    ``generate``/``stream``/``prepare_chat``); requests leave out fields to take
-    ``defaults``."""
+    ``stream``/``decode``/``prepare_chat`` and ``package``); requests leave out fields to
+    take ``defaults``; ``limits``: the server's (:class:`ServerLimits`' defaults)."""
+    limits = limits or ServerLimits()
     app = FastAPI(title="speculant", docs_url=None, redoc_url=None)
-    service = Service(engine, model_name, defaults or GenerationOptions())
+    service = Service(engine, model_name, defaults or GenerationOptions(), limits)
     app.state.service = service
 
     def get_service() -> Service:
         return service
 
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes,
+                       timeout_s=limits.body_timeout_s,
                        on_refused=lambda: get_service().metrics.observe_error(413))
     _add_error_handlers(app, get_service)
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": get_service().model_name, "pid": os.getpid()}
+    async def health() -> JSONResponse:
+        service = get_service()
+        stalled = service.admission.stalled(service.limits.stall_grace_s)
+        answer = {"status": "stalled" if stalled else "ok", "model": service.model_name,
+                  "pid": os.getpid(), "num_running": len(service.admission.running),
+                  "num_waiting": service.admission.num_waiting}
+        if stalled:
+            answer["reason"] = stalled
+        return JSONResponse(answer, status_code=503 if stalled else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -67,30 +80,38 @@ def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None 
                                             "owned_by": "speculant"}]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         service = _checked(get_service(), body.model)
-        options = body.options(service.defaults)
+        engine, prompt = service.engine, body.prompt
+
+        def budgeted() -> GenerationOptions:
+            return service.budgeted(body.options(service.defaults), body.max_tokens, lambda: (
+                len(engine.tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)))
         if body.stream:
             return await _streamed(service, body, "text_completion",
-                                   lambda: service.engine.stream(body.prompt, options))
-        result = await service.complete(lambda: service.engine.generate(body.prompt, options))
+                                   lambda: engine.stream(prompt, budgeted()))
+        result = await service.complete(lambda: engine.decode(prompt, budgeted()),
+                                        request.is_disconnected)
         choice = {"index": 0, "text": result.text, "logprobs": None,
                   "finish_reason": result.finish_reason}
         return _envelope("cmpl", "text_completion", service.model_name, [choice],
                          usage=_usage(result))
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest):
+    async def chat_completions(body: ChatRequest, request: Request):
         service = _checked(get_service(), body.model)
-        options = body.options(service.defaults)
-        messages = [m.as_dict() for m in body.messages]
+        engine, messages = service.engine, [m.as_dict() for m in body.messages]
         # rendered before the request waits for the engine: a slow template holds no one
-        prompt, options = await run_in_threadpool(service.engine.prepare_chat, messages,
-                                                  options)
+        prompt, options = await run_in_threadpool(engine.prepare_chat, messages,
+                                                  body.options(service.defaults))
+
+        def open_chat():
+            return engine.stream(prompt, service.budgeted(
+                options, body.max_completion_tokens or body.max_tokens,
+                lambda: len(engine.tokenizer.encode(prompt))))
         if body.stream:
-            return await _streamed(service, body, "chat.completion.chunk",
-                                   lambda: service.engine.stream(prompt, options))
-        result = await service.complete(lambda: service.engine.generate(prompt, options))
+            return await _streamed(service, body, "chat.completion.chunk", open_chat)
+        result = await service.complete(open_chat, request.is_disconnected)
         choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
                   "logprobs": None, "finish_reason": result.finish_reason}
         return _envelope("chatcmpl", "chat.completion", service.model_name, [choice],
@@ -143,8 +164,10 @@ async def _streamed(service: Service, body: Any, kind: str,
                                 "model": service.model_name, "choices": [],
                                 "usage": _usage(piece.result)})
         except SpeculantError as error:  # after 200: the error travels as an event
-            service.metrics.observe_error(500)
-            yield _sse(_error_body(str(error), "server_error"))
+            status = getattr(error, "status", 500)
+            service.metrics.observe_error(status)
+            yield _sse(_error_body(str(error), "server_error", code=getattr(error, "code",
+                                                                            None)))
         finally:
             await events.aclose()
         yield "data: [DONE]\n\n"
@@ -194,7 +217,23 @@ def _add_error_handlers(app: FastAPI, get_service: Callable[[], Service]) -> Non
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
         code = "model_not_found" if error.status_code == 404 and "model" in str(error.detail) \
             else None
-        return answer(error.status_code, str(error.detail), code=code)
+        response = answer(error.status_code, str(error.detail), code=code)
+        response.headers.update(error.headers or {})
+        return response
+
+    @app.exception_handler(QueueFullError)
+    async def busy(_: Request, error: QueueFullError) -> JSONResponse:
+        response = answer(error.status, str(error), kind="server_error", code=error.code)
+        response.headers["Retry-After"] = str(error.retry_after_s)
+        return response
+
+    @app.exception_handler(DeadlineExceededError)
+    async def late(_: Request, error: DeadlineExceededError) -> JSONResponse:
+        return answer(error.status, str(error), kind="server_error", code=error.code)
+
+    @app.exception_handler(ClientGoneError)
+    async def gone(_: Request, error: ClientGoneError) -> Response:
+        return Response(status_code=499)  # nobody reads it; counted as an abort
 
     @app.exception_handler(RequestError)
     async def refused(_: Request, error: RequestError) -> JSONResponse:

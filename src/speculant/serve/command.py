@@ -2,20 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import fields as dataclass_fields
+from inspect import Parameter, signature
+from typing import Annotated, Any, get_type_hints
 
 import typer
 
 from speculant import cli
 from speculant.errors import SpeculantError
 from speculant.serve import load_engine, require
+from speculant.serve.limits import ServerLimits, uvicorn_config
 from speculant.serve.schemas import PROPOSERS
 from speculant.speculative.kinds import AUTO
 from speculant.text.chat import DEFAULT_LIMITS as LIMITS
 from speculant.text.chat import TemplateLimits
 
+# max_new_tokens is the limits' --max-tokens: the server's default is the remaining context
+REQUEST_OPTIONS = tuple(name for name in cli.REQUEST_OPTIONS if name != "max_new_tokens")
 
-@cli.generation_options(*cli.REQUEST_OPTIONS, "stop", flags={"max_new_tokens": ("--max-tokens",)})
+
+def limit_options(command):
+    """Give ``command`` an option for each field of :class:`ServerLimits` (its flag,
+    default and help), received in its ``**fields`` like the generation options."""
+    hints = get_type_hints(ServerLimits)
+    added = [Parameter(f.name, Parameter.KEYWORD_ONLY, default=f.default, annotation=Annotated[
+        hints[f.name], typer.Option(f.metadata["flag"], help=f.metadata["help"])])
+        for f in dataclass_fields(ServerLimits)]
+    declared = signature(command, eval_str=True)
+    command.__signature__ = declared.replace(parameters=[*declared.parameters.values(), *added])
+    return command
+
+
+@limit_options
+@cli.generation_options(*REQUEST_OPTIONS, "stop")
 def serve(
     package: Annotated[str, typer.Argument(help="Package folder or built-in name.")] = \
         cli.DEFAULT_PACKAGE,
@@ -28,8 +47,6 @@ def serve(
     model_name: Annotated[str | None, typer.Option(help="The model id clients send "
                                                         "(default: the package's folder "
                                                         "name).")] = None,
-    max_body_bytes: Annotated[int, typer.Option(help="Largest request body "
-                                                     "accepted.")] = 1 << 20,
     chat_template_deadline: Annotated[float, typer.Option(
         min=0.001, help="Seconds one chat-template render may take (then 400).")] = \
         LIMITS.deadline_s,
@@ -47,7 +64,9 @@ def serve(
     **fields: Any,
 ) -> None:
     """Serve a package over OpenAI's HTTP API: /v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics. The generation options are the requests' defaults."""
+    /v1/models, /health, /metrics. The generation options are the requests' defaults; the
+    limits bound each request, the queue and the connections (docs/serving.md)."""
+    limits = ServerLimits(**{f.name: fields.pop(f.name) for f in _LIMIT_FIELDS})
     try:
         proposer = fields["proposer"]
         if proposer is not None and proposer not in (*PROPOSERS, AUTO):
@@ -68,14 +87,17 @@ def serve(
 
         from speculant.serve.app import create_app
 
-        limits = TemplateLimits(chat_template_deadline, chat_template_max_chars,
-                                LIMITS.max_memory_bytes)
+        template_limits = TemplateLimits(chat_template_deadline, chat_template_max_chars,
+                                         LIMITS.max_memory_bytes)
         engine = load_engine(package, device=device, draft=draft, threads=threads,
-                             template_limits=limits)
-        app = create_app(engine, name, defaults, max_body_bytes=max_body_bytes)
+                             template_limits=template_limits)
+        app = create_app(engine, name, defaults, limits=limits)
     except SpeculantError as error:
         cli.fail(error)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, log_level=log_level)).run()
+
+
+_LIMIT_FIELDS = dataclass_fields(ServerLimits)
 
 
 def _model_name(package: str) -> str:

@@ -25,8 +25,9 @@ class ServerMetrics:
         self.model_name = model_name
         labels = ("model_name",)
         r = self.registry
-        self.requests = Counter("speculant:request_success", "Requests finished, by reason "
-                                "(stop, length, abort: the client went away)",
+        self.requests = Counter("speculant:request_success", "Requests ended, by reason "
+                                "(stop, length; abort: the client went away; timeout: the "
+                                "deadline passed)",
                                 (*labels, "finished_reason"), registry=r)
         self.errors = Counter("speculant:request_errors", "Requests refused or failed, by "
                               "HTTP status", (*labels, "status"), registry=r)
@@ -68,8 +69,10 @@ class ServerMetrics:
             for position, count in enumerate(stats.accepted_at):
                 self.accepted_per_pos.labels(name, str(position)).inc(count)
 
-    def observe_aborted(self, latency_s: float) -> None:
-        self.requests.labels(self.model_name, "abort").inc()
+    def observe_aborted(self, reason: str, latency_s: float) -> None:
+        """A request that ended unfinished: ``abort`` (the client went away, or the decode
+        failed) or ``timeout`` (its deadline passed)."""
+        self.requests.labels(self.model_name, reason).inc()
         self.latency.labels(self.model_name).observe(latency_s)
 
     def observe_error(self, status: int) -> None:

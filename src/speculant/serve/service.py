@@ -1,26 +1,28 @@
-"""One engine behind the routes: requests take it in arrival order, and are counted.
+"""One engine behind the routes: requests are admitted (a bounded queue, a deadline each),
+decoded step by step, and counted.
 
-The engine serves one request at a time; a stream holds it from admission until exhausted
-or closed. Requests wait for it here, on an asyncio lock (first come, first served), not in
-worker threads, so a waiting request holds no thread and the stream that holds the engine
-always finds one for its next step. Engine calls run in Starlette's thread pool.
+Every request, streamed or not, is decoded as an iterator (``engine.stream``,
+``engine.decode``) whose steps run on the service's :class:`EngineThread`; between two steps
+the request's deadline and its client are checked, so a request past its deadline, or whose
+client went away, stops there and frees the engine. Requests wait for the engine in the
+:class:`Admission` queue (asyncio, holding no thread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from speculant import GenerationOptions
+from speculant.serve.admission import Admission, DeadlineExceededError, EngineThread, Ticket
+from speculant.serve.limits import UNDECLARED_CONTEXT_TOKENS, ServerLimits
 from speculant.serve.metrics import ServerMetrics
 
-_END = object()
+STEP_SLICE_S = 0.05  # a non-streamed request's engine call decodes this long between checks
 
 
 @dataclass
@@ -31,62 +33,125 @@ class Piece:
     result: Any = None
 
 
+class ClientGoneError(Exception):
+    """The client of a non-streamed request disconnected; its decode was stopped."""
+
+
 class Service:
-    def __init__(self, engine: Any, model_name: str, defaults: GenerationOptions) -> None:
+    def __init__(self, engine: Any, model_name: str, defaults: GenerationOptions,
+                 limits: ServerLimits) -> None:
         self.engine = engine
         self.model_name = model_name
         self.defaults = defaults
+        self.limits = limits
         self.metrics = ServerMetrics(model_name)
-        self._lock = asyncio.Lock()
+        self.admission = Admission(max_running=1, max_waiting=limits.max_waiting,
+                                   timeout_s=limits.request_timeout_s,
+                                   retry_after_s=limits.retry_after_s)
+        self.worker = EngineThread()
+        self.metrics.waiting.labels(model_name).set_function(lambda: self.admission.num_waiting)
+        self.metrics.running.labels(model_name).set_function(
+            lambda: len(self.admission.running))
 
-    @asynccontextmanager
-    async def _holding_engine(self):
-        gauge = self.metrics
-        gauge.waiting.labels(self.model_name).inc()
+    def budgeted(self, options: GenerationOptions, asked: int | None,
+                 count_prompt: Callable[[], int]) -> GenerationOptions:
+        """``options`` with ``max_new_tokens``: ``asked`` (None: the cap), at most the cap,
+        ``--max-tokens`` or else the remaining context. Appended caches stop at the package's
+        context length by themselves (finish_reason "length"); static caches need the prompt
+        counted (``count_prompt``), as they must hold prompt + max_new_tokens + k + 1."""
+        plan = self.engine.package.plan
+        caps = [c for c in (asked, self.limits.max_tokens, plan.context_cap) if c is not None]
+        if plan.static is not None and plan.static.capacity is not None:
+            caps.append(plan.static.capacity - count_prompt() - _widest(self.engine, options)
+                        - 1)
+        if plan.context_cap is None and self.limits.max_tokens is None:
+            caps.append(UNDECLARED_CONTEXT_TOKENS)
+        return dataclasses.replace(options, max_new_tokens=max(min(caps), 1))
+
+    async def complete(self, open_decode: Callable[[], Any],
+                       is_disconnected: Callable[[], Awaitable[bool]]) -> Any:
+        """Decode a non-streamed request (``open_decode``: ``engine.decode`` / ``chat_stream``)
+        to its result; a client gone between two steps stops it (:class:`ClientGoneError`)."""
+        steps = self.stream(open_decode, slice_s=STEP_SLICE_S)
         try:
-            await self._lock.acquire()
+            async for piece in steps:
+                if piece is not None and piece.result is not None:
+                    return piece.result
+                if await is_disconnected():
+                    raise ClientGoneError("the client went away")
         finally:
-            gauge.waiting.labels(self.model_name).dec()
-        gauge.running.labels(self.model_name).inc()
-        try:
-            yield
-        finally:
-            gauge.running.labels(self.model_name).dec()
-            self._lock.release()
+            await steps.aclose()
+        raise AssertionError("a decode ended without its result")
 
-    async def complete(self, call: Callable[[], Any]) -> Any:
-        """Run ``call`` (``engine.generate`` / ``engine.chat``) to its result."""
-        arrived = time.perf_counter()
-        async with self._holding_engine():
-            started = time.perf_counter()
-            result = await run_in_threadpool(call)
-        self.metrics.observe_finished(result, started - arrived + result.time_to_first_token_s,
-                                      time.perf_counter() - arrived)
-        return result
+    async def stream(self, open_decode: Callable[[], Any], *, slice_s: float = 0.0
+                     ) -> AsyncIterator[Piece | None]:
+        """Yield None once admitted (a bad request, a full queue or a deadline passed while
+        waiting raise before that), then pieces: one per engine call, which decodes for
+        ``slice_s`` (0: one piece); the last carries the result.
 
-    async def stream(self, open_stream: Callable[[], Any]) -> AsyncIterator[Piece | None]:
-        """Yield None once admitted (a bad request raises before that), then the pieces.
-
-        Prime it with ``await gen.__anext__()`` before answering 200: then an admission
-        error becomes a 4xx. Closing the generator early (the client went away) closes the
-        engine's stream, which stops its decode and frees the engine.
+        Prime it with ``await gen.__anext__()`` before answering 200: then an admission error
+        becomes a 4xx/5xx. Closing the generator early (the client went away) or a deadline
+        passing stops the decode between steps; the engine is given back once its current
+        step has returned and the decode is closed.
         """
-        arrived = time.perf_counter()
-        first_at = None
-        is_finished = False
-        async with self._holding_engine():
-            stream = await run_in_threadpool(open_stream)
+        loop = asyncio.get_running_loop()
+        ticket = self.admission.arrive()
+        first_at, reason = None, "abort"  # reason: how it ended, unless finished
+        opened: dict[str, Any] = {}
+        async with self.admission.slot(ticket) as release:
             try:
+                await self._step(ticket, lambda: opened.setdefault("decode", open_decode()),
+                                 "admitting it")
                 yield None
-                pieces = iter(stream)
-                while (text := await run_in_threadpool(next, pieces, _END)) is not _END:
-                    first_at = first_at or time.perf_counter()
-                    yield Piece(text)
-                result, is_finished = stream.result, True
-                self.metrics.observe_finished(result, (first_at or time.perf_counter()) - arrived,
-                                              time.perf_counter() - arrived)
+                pieces, is_done = iter(opened["decode"]), False
+                while not is_done:
+                    taken, is_done = await self._step(
+                        ticket, lambda: _advance(pieces, slice_s), "decoding")
+                    first_at = first_at or (loop.time() if taken else None)
+                    if taken:
+                        yield Piece("".join(t for t in taken if isinstance(t, str)))
+                result, reason = opened["decode"].result, "finished"
+                self.metrics.observe_finished(result, (first_at or loop.time())
+                                              - ticket.arrived_at, loop.time() - ticket.arrived_at)
                 yield Piece("", result)
+            except DeadlineExceededError:
+                reason = "timeout"
+                raise
             finally:
-                stream.close()  # a no-op once exhausted
-                if not is_finished:  # the client went away, or the decode failed
-                    self.metrics.observe_aborted(time.perf_counter() - arrived)
+                decode = opened.get("decode")
+                closing = self.worker.submit(lambda: decode and decode.close())
+                closing.add_done_callback(lambda _: release())
+                if reason != "finished" and (decode is not None or reason == "timeout"):
+                    self.metrics.observe_aborted(reason, loop.time() - ticket.arrived_at)
+
+    async def _step(self, ticket: Ticket, call: Callable[[], Any], doing: str) -> Any:
+        """``call()`` on the engine thread, awaited until the ticket's deadline."""
+        try:
+            async with asyncio.timeout_at(ticket.deadline):
+                outcome = await self.worker.submit(call)
+        except TimeoutError:
+            raise self.admission.late(ticket, doing) from None
+        ticket.last_step_at = asyncio.get_running_loop().time()
+        return outcome
+
+
+def _advance(pieces: Iterator, slice_s: float) -> tuple[list, bool]:
+    """The next pieces of ``pieces``: at least one, more until ``slice_s`` has passed;
+    whether the iterator is exhausted."""
+    taken: list = []
+    until = time.perf_counter() + slice_s
+    for piece in pieces:
+        taken.append(piece)
+        if time.perf_counter() >= until:
+            return taken, False
+    return taken, True
+
+
+def _widest(engine: Any, options: GenerationOptions) -> int:
+    """The k a request's static caches are sized for (kinds.admit_proposer's rule)."""
+    from speculant.speculative.kinds import resolve
+
+    kind = resolve(options.proposer, engine.proposer_sources)
+    if kind is None:
+        return 0
+    return options.k if isinstance(options.k, int) else kind.default_k(engine.proposer_sources)
