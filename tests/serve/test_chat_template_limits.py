@@ -22,8 +22,8 @@ HI = [{"role": "user", "content": "hi"}]
 
 
 class RenderWaitsForACompletion:
-    """The engine, with a ``prepare_chat`` that returns only once a completion has been
-    generated: a server that rendered inside the engine's turn could never answer both."""
+    """The engine, with a ``prepare_chat`` that returns only once a completion has had the
+    engine's turn: a server that rendered inside the engine's turn could never answer both."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
@@ -36,16 +36,15 @@ class RenderWaitsForACompletion:
         self.saw_a_completion = self.has_generated.wait(GENEROUS_S)
         return self.engine.prepare_chat(messages, options)
 
-    def generate(self, prompt, options):
-        result = self.engine.generate(prompt, options)
+    def __getattr__(self, name):  # package, tokenizer, stream: the engine's
+        return getattr(self.engine, name)
+
+    def decode(self, prompt, options):  # a completion has the engine's turn
         self.has_generated.set()
-        return result
+        return self.engine.decode(prompt, options)
 
-    def stream(self, prompt, options):
-        return self.engine.stream(prompt, options)
-
-    def chat(self, messages, options):  # what a server that renders in the engine's turn calls
-        return self.generate(*self.prepare_chat(messages, options))
+    def chat_stream(self, messages, options):  # what a server that renders in the engine's
+        return self.engine.stream(*self.prepare_chat(messages, options))  # turn calls
 
 
 def client_of(base: str) -> openai.OpenAI:
