@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import onnx
 from hostile_helpers import billion_laughs, laughs
 from onnx import TensorProto, numpy_helper
@@ -145,6 +146,27 @@ def _externalize(root: Path) -> onnx.ModelProto:
     return onnx.load(str(root / MODEL), load_external_data=False)
 
 
+def _folded_bias_with_huge_length(root: Path) -> None:
+    """A logits bias ``a + b`` of two external initializers, which ONNX Runtime folds while it
+    initializes the session, ``a`` claiming 2**40 bytes: the refusal comes from the optimizer,
+    which logs it itself before raising."""
+    model = onnx.load(str(root / MODEL))
+    last = next(n for n in model.graph.node if list(n.output) == ["logits"])
+    last.output[0] = "logits_unbiased"
+    width = _value_info(model, "logits").type.tensor_type.shape.dim[-1].dim_value
+    model.graph.initializer.extend(numpy_helper.from_array(np.zeros(width, np.float32), name)
+                                   for name in ("bias_a", "bias_b"))
+    model.graph.node.extend([onnx.helper.make_node("Add", ["bias_a", "bias_b"], ["bias"]),
+                             onnx.helper.make_node("Add", ["logits_unbiased", "bias"],
+                                                   ["logits"])])
+    onnx.save(model, str(root / MODEL), save_as_external_data=True, location=DATA,
+              all_tensors_to_one_file=True, size_threshold=4 * width)  # the shape constants stay
+    model = onnx.load(str(root / MODEL), load_external_data=False)
+    bias_a = next(t for t in model.graph.initializer if t.name == "bias_a")
+    next(e for e in bias_a.external_data if e.key == "length").value = str(2 ** 40)
+    onnx.save(model, str(root / MODEL))
+
+
 def _set_external(key: str, value: Callable[[Path], str]) -> Callable[[Path], None]:
     def corrupt(root: Path) -> None:
         model = _externalize(root)
@@ -232,4 +254,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "external_truncated": _external_then(_truncate(f"decoder/{DATA}", lambda n: n // 2)),
     "external_symlink_outside": _external_then(_symlink_outside(f"decoder/{DATA}")),
     "external_offset_huge": _set_external("offset", lambda root: str(2 ** 50)),
+    "external_length_huge": _set_external("length", lambda root: str(2 ** 40)),
+    "external_offset_negative": _set_external("offset", lambda root: "-100"),
+    "external_length_folded": _folded_bias_with_huge_length,
 }

@@ -41,7 +41,9 @@ def test_every_corruption_is_one_typed_line(cli, corpus, case, command):
     assert len(line) < 3000, line
 
 
-@pytest.mark.parametrize("case", ["graph_unknown_op", "external_truncated"])
+@pytest.mark.parametrize("case", ["graph_unknown_op", "external_truncated",
+                                  "external_length_huge", "external_offset_negative",
+                                  "external_length_folded"])
 def test_the_installed_command_prints_one_line_where_onnx_runtime_refuses(corpus, case):
     """ONNX Runtime logs on file descriptor 2 itself, which CliRunner cannot see: run the
     console script for the cases it refuses and count every line of the real stderr."""

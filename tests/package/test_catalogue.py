@@ -34,14 +34,15 @@ SCHEMA_ACCEPTS = {"01-gemma4-text-decoder.yaml", "04-whisper-encoder-decoder.yam
                   "08-qwen-image-edit.yaml", "09-cogvideox-text-to-video.yaml",
                   "14-weathernext-rollout.yaml", "16-linear-attention-recurrent.yaml",
                   "18-static-cache-indexed-scatter.yaml",
-                  "20-qwen3_5-hybrid-speculative-decoding.yaml", "23-gemma4-e2b-decoder.yaml",
+                  "20-qwen3_5-hybrid-speculative-decoding.yaml",
+                  "21-shared-prefix-pixel-flow.yaml", "23-gemma4-e2b-decoder.yaml",
                   "23-gemma4-e2b-moe-decoder.yaml", "24-gemma4-e2b-assistant-speculative.yaml"}
 SUPPORT_TABLE = Path(__file__).resolve().parents[2] / "docs" / "support.md"
 ROW = re.compile(r"^\| (?P<doc>[\w./-]+) \| .+ \| `(?P<path>[^`]+)` \|$")
 
 
 def test_every_copied_document_has_its_source() -> None:
-    assert len(DOCUMENTS) == 27
+    assert len(DOCUMENTS) == 28
     for path in DOCUMENTS:
         assert path.read_text().startswith("# Source: justinchuby/onnx-genai "), path.name
 
@@ -53,7 +54,8 @@ def test_every_document_validates_at_metadata_level(path: Path) -> None:
         assert problem.kind is UnsupportedError and problem.path, problem.render()
         assert problem.path.split(".")[0] in ("pipeline", "speculative", "model", "package",
                                               "generation", "schema_version", "profiles",
-                                              "adapters", "required_capabilities"), problem.path
+                                              "adapters", "required_capabilities",
+                                              "preprocessing"), problem.path
 
 
 def test_the_support_table_names_what_stops_each_document() -> None:
@@ -105,6 +107,17 @@ def test_sharding_does_not_stop_a_single_device_load(tmp_path: Path) -> None:
     package = load_package(write_package(tmp_path, doc))  # graphs from the declared ports
     assert package.plan.target == "decoder"
     assert set(package.plan.cells) == set(doc["pipeline"]["workflow"]["state"])
+
+
+def test_optional_inputs_and_discarded_outputs_are_unsupported_not_invalid() -> None:
+    # 21: two optional inputs observed through present_as (no default, as the standard
+    # requires), and read_only aliases naming the output they discard
+    _, unsupported = load_metadata_only(CATALOGUE / "21-shared-prefix-pixel-flow.yaml")
+    paths = {p.path for p in unsupported}
+    assert {f"{WF}.inputs.request.image.present_as", f"{WF}.inputs.request.latent.present_as",
+            f"{GROUPS}.conditional_prefix.ports.image_gen_denoiser.conditional_cache_0.output",
+            f"{GROUPS}.unconditional_prefix.ports.image_gen_denoiser.unconditional_cache_1.output",
+            } <= paths
 
 
 def test_a_hybrid_speculative_document_lists_what_stops_it() -> None:

@@ -112,6 +112,37 @@ def test_declared_tokenizer_escaping(tmp_path: Path) -> None:
     assert "outside the package folder" in problem.message
 
 
+def test_chat_template_file_escaping(tmp_path: Path) -> None:
+    # tokenizer_config.json (the chat template) is confined like every other package file
+    (tmp_path / "outside.json").write_text('{"chat_template": "{{ messages }}"}')
+    root = tmp_path / "pkg"
+    write_package(root, base("greedy"))
+    os.symlink(tmp_path / "outside.json", root / "tokenizer_config.json")
+    problem = only_problem_at(load_error(root), "package.tokenizer")
+    assert "chat template file 'tokenizer_config.json' resolves to" in problem.message
+    assert "outside the package folder" in problem.message
+    assert "copy tokenizer_config.json into the package folder" in problem.remedy
+    assert "Remedy: copy tokenizer_config.json" in str(load_error(root))
+
+
+def test_chat_template_file_dangling_or_not_a_file(tmp_path: Path) -> None:
+    write_package(tmp_path, base("greedy"))
+    os.symlink(tmp_path / "gone.json", tmp_path / "tokenizer_config.json")  # dangling
+    assert "does not exist" in only_problem_at(load_error(tmp_path), "package.tokenizer").message
+    os.unlink(tmp_path / "tokenizer_config.json")
+    os.mkfifo(tmp_path / "tokenizer_config.json")  # reading it would block
+    problem = only_problem_at(load_error(tmp_path), "package.tokenizer")
+    assert "is not a regular file" in problem.message
+
+
+def test_chat_template_file_inside_the_root_is_accepted(tmp_path: Path) -> None:
+    write_package(tmp_path, base("greedy"))
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "config.json").write_text('{"chat_template": "{{ messages }}"}')
+    os.symlink(tmp_path / "store" / "config.json", tmp_path / "tokenizer_config.json")
+    assert load_package(tmp_path).tokenizer_file == tmp_path.resolve() / "tokenizer.json"
+
+
 def test_sole_declared_tokenizer_with_another_name(tmp_path: Path) -> None:
     doc = setv(base("greedy"), "package.tokenizer.artifacts", [{"location": "tok/vocab.json"}])
     write_package(tmp_path, doc, tokenizer=False)

@@ -224,10 +224,6 @@ CASES = [
      f"{ALIAS}.output", "not a declared output port"),
     ("read_write alias without output", "22", "greedy", [("del", f"{ALIAS}.output")],
      f"{ALIAS}.output", "read_write alias needs an output"),
-    ("read_only alias with output", "22", "chained",
-     [("set", f"{GROUPS}.sliding_attention.ports.assistant.kv.sliding.key.output", "logits")],
-     f"{GROUPS}.sliding_attention.ports.assistant.kv.sliding.key.output",
-     "read_only alias has no output"),
     # rule 23 (more in test_layer_required_and_unique)
     ("key layers differ from value layers", "23", "greedy", [("set", f"{ALIAS}.layer", 1)],
      f"{GROUPS}.attention.ports.decoder", "key layers [1] differ from value layers [0]"),

@@ -124,6 +124,16 @@ CASES = [
      f"{WF}.inputs.package.max_context.source"),
     ("present_as", "greedy", [("set", f"{WF}.inputs.request.active.present_as", "has_active")],
      f"{WF}.inputs.request.active.present_as"),
+    # an optional input observed through present_as needs no default (the standard forbids
+    # one): present_as alone is what stops it (21-shared-prefix-pixel-flow)
+    ("optional input with present_as and no default", "greedy",
+     [("set", f"{WF}.inputs.request.past.0.key.required", False),
+      ("set", f"{WF}.inputs.request.past.0.key.present_as", "has_past")],
+     f"{WF}.inputs.request.past.0.key.present_as"),
+    # the standard lets a read_only alias name the output it discards; speculant refuses it
+    ("read_only alias with output", "chained",
+     [("set", f"{GROUPS}.sliding_attention.ports.assistant.kv.sliding.key.output", "logits")],
+     f"{GROUPS}.sliding_attention.ports.assistant.kv.sliding.key.output"),
     ("text output", "greedy", [("set", f"{WF}.outputs.logits.role", "text")],
      f"{WF}.outputs.logits.role"),
     ("token_packed layout", "greedy",

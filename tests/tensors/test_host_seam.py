@@ -287,13 +287,15 @@ def test_zeros_contract(seam: TensorSeam) -> None:
 # -- argmax_rows -----------------------------------------------------------------------------
 SPECIAL_ROWS = [  # (row, expected id) by runtime.md §7
     ([1.0, 3.0, 3.0, 2.0], 1),  # tie: lowest index
-    ([NAN, 1.0, 5.0, 5.0], 2),  # NaN ignored
-    ([1.0, NAN, 0.0, NAN], 0),
-    ([1.0, INF, 2.0, INF], 1),  # +inf wins, lowest of the tie
-    ([NAN, -INF, NAN, -INF], 1),  # all non-NaN are -inf: the first non-NaN
-    ([NAN, NAN, NAN, NAN], 0),  # all NaN
-    ([-INF, -INF, -INF, -INF], 0),  # all -inf
-    ([-0.0, 0.0, -1.0, NAN], 0),  # -0 == +0: a tie
+    ([NAN, 1.0, 5.0, 5.0], -1),  # a NaN: no finite maximum (NO_TOKEN)
+    ([1.0, NAN, 0.0, NAN], -1),
+    ([1.0, INF, 2.0, INF], -1),  # +inf: no finite maximum
+    ([NAN, -INF, NAN, -INF], -1),
+    ([NAN, NAN, NAN, NAN], -1),  # all NaN
+    ([-INF, -INF, -INF, -INF], -1),  # all -inf
+    ([-INF, -3.0, -INF, -3.0], 1),  # -inf elements are fine (masked ids)
+    ([-0.0, 0.0, -1.0, 2.0], 3),
+    ([-0.0, 0.0, -1.0, -2.0], 0),  # -0 == +0: a tie
     ([-5.0, -2.0, -3.0, -2.0], 1),
 ]
 
@@ -304,11 +306,10 @@ def float_rows(rows: list[list[float]], dtype: str) -> Value:
 
 def reference_argmax(row: list[float]) -> int:
     """runtime.md §7 one element at a time, in Python floats."""
-    finite = [(x, i) for i, x in enumerate(row) if not math.isnan(x)]
-    if not finite:
-        return 0
-    best = max(x for x, _ in finite)
-    return min(i for x, i in finite if x == best)
+    if any(math.isnan(x) or x == math.inf for x in row) or max(row) == -math.inf:
+        return -1
+    best = max(row)
+    return min(i for i, x in enumerate(row) if x == best)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -65,9 +65,10 @@ def _check_inputs(wf: Workflow, out: ProblemCollector) -> None:
             out.add(MetadataError, "an input with a request source needs a runtime role",
                     path=f"{path}.role", value=role.kind,
                     expected="{kind: runtime, version, role}", rule="7")
-        if not spec.required and spec.default is None:
-            out.add(MetadataError, "an input with required: false needs a default",
-                    path=f"{path}.default", expected="a literal default", rule="7")
+        if not spec.required and spec.default is None and spec.present_as is None:
+            out.add(MetadataError, "an input with required: false needs a default (or a "
+                    "present_as)", path=f"{path}.default", expected="a literal default",
+                    rule="7")
         if spec.default is not None:
             reason = default_problem(spec.contract, spec.default)
             if reason:

@@ -37,13 +37,13 @@ def check_lexical(location: str, path: str, problems: ProblemCollector, what: st
 
 def confine(root: Path, location: str, path: str, problems: ProblemCollector, *,
             base: Path | None = None, report_lexical: bool = True,
-            what: str = "file", file: str | None = None) -> Path | None:
+            what: str = "file", file: str | None = None, remedy: str = "") -> Path | None:
     """The resolved file ``location`` names (relative to ``base``, default the root), or
     ``None`` after recording why it is refused (P1–P3). ``root`` must already be a realpath.
 
     ``report_lexical=False`` skips reporting P1 (the document checks already did) but still
     refuses the path. ``file`` overrides the collector's file (e.g. the model that names an
-    external-data location)."""
+    external-data location); ``remedy`` is what each refusal tells the user to do."""
     if lexical_problem(location) is not None:
         if report_lexical:
             check_lexical(location, path, problems, what, file)
@@ -55,15 +55,17 @@ def confine(root: Path, location: str, path: str, problems: ProblemCollector, *,
                      f"{what} '{location}' resolves to {resolved}, outside the package folder "
                      f"{root}", path=path, value=location,
                      expected="a path whose every symlink stays inside the package folder",
-                     file=file)
+                     file=file, remedy=remedy)
         return None
     if not resolved.exists():
         problems.add(MetadataError, f"{what} '{location}' does not exist in {root}", path=path,
-                     value=location, expected="an existing regular file", file=file)
+                     value=location, expected="an existing regular file", file=file,
+                     remedy=remedy)
         return None
     if not resolved.is_file():
         problems.add(MetadataError, f"{what} '{location}' is not a regular file", path=path,
-                     value=location, expected="an existing regular file", file=file)
+                     value=location, expected="an existing regular file", file=file,
+                     remedy=remedy)
         return None
     return resolved
 

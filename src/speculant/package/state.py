@@ -221,9 +221,9 @@ def _check_aliases(wf: Workflow, group_name: str, component: str, aliases: dict,
         if alias.access == "read_write" and alias.output is None:
             out.add(MetadataError, "a read_write alias needs an output", path=f"{where}.output",
                     expected="the port that hands out the cell's next value", rule="22")
-        if alias.access == "read_only" and alias.output is not None:
-            out.add(MetadataError, "a read_only alias has no output", path=f"{where}.output",
-                    value=alias.output, expected="no output (or access: read_write)", rule="22")
+        if alias.access == "read_only" and alias.output is not None:  # discarded by the standard
+            unsupported(out, "22", "an output on a read_only alias", f"{where}.output",
+                        alias.output, "no output (or access: read_write)")
     _check_layers(wf, group_name, component, aliases, out)
 
 

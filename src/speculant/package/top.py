@@ -14,6 +14,7 @@ capability outside speculant's set as unsupported.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 
 from speculant.errors import MetadataError, ProblemCollector, UnsupportedError, shown
@@ -29,6 +30,7 @@ NEUTRAL_DEFAULTS = {"min_length": (0,), "num_beams": (1,), "num_return_sequences
                     "diversity_penalty": (0.0,), "no_repeat_ngram_size": (0,),
                     "early_stopping": (False,)}
 TOKENIZER_NAME = "tokenizer.json"
+CHAT_CONFIG_NAME = "tokenizer_config.json"  # the chat template's file, beside the tokenizer
 
 
 def check(doc: Document, out: ProblemCollector) -> None:
@@ -137,15 +139,23 @@ def context_cap(doc: Document) -> int | None:
 
 def resolve_tokenizer(doc: Document, root: Path, problems: ProblemCollector) -> Path | None:
     """Declared artifacts are confined and the canonical one used; otherwise
-    ``<root>/tokenizer.json`` if present; otherwise none (text APIs then refuse)."""
+    ``<root>/tokenizer.json`` if present; otherwise none (text APIs then refuse). The
+    ``tokenizer_config.json`` beside the one used, when present, is confined like them."""
     tokenizer = doc.package.tokenizer if doc.package else None
     declared = tokenizer.artifacts if tokenizer and tokenizer.artifacts else []
     if not declared:
         if not (root / TOKENIZER_NAME).exists():
             return None
-        return confine(root, TOKENIZER_NAME, "package.tokenizer", problems, what="tokenizer")
-    resolved = [confine(root, a.location, f"package.tokenizer.artifacts.{i}.location",
-                        problems, report_lexical=False, what="tokenizer artifact")
-                for i, a in enumerate(declared)]
-    index = canonical_tokenizer(declared)  # None was reported by the rules (rule 5)
-    return resolved[index] if index is not None else None
+        found = confine(root, TOKENIZER_NAME, "package.tokenizer", problems, what="tokenizer")
+    else:
+        resolved = [confine(root, a.location, f"package.tokenizer.artifacts.{i}.location",
+                            problems, report_lexical=False, what="tokenizer artifact")
+                    for i, a in enumerate(declared)]
+        index = canonical_tokenizer(declared)  # None was reported by the rules (rule 5)
+        found = resolved[index] if index is not None else None
+    if found is not None and os.path.lexists(found.parent / CHAT_CONFIG_NAME):
+        confine(root, str((found.parent / CHAT_CONFIG_NAME).relative_to(root)),
+                "package.tokenizer", problems, what="chat template file",
+                remedy=f"copy {CHAT_CONFIG_NAME} into the package folder, or remove it "
+                       "(the package then has no chat template)")
+    return found

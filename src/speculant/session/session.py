@@ -81,9 +81,13 @@ def share_cpu_pool() -> None:
 
 
 def session_options() -> ort.SessionOptions:
-    """Options for an ONNX Runtime session: quiet, and on the process's pool once it exists."""
+    """Options for an ONNX Runtime session: on the process's pool once it exists, and its own
+    logger silent below FATAL: every error it would log ends in an exception that speculant
+    reports itself (an ``AdmissionError`` at creation, with ORT's text), and its warnings are
+    advice on graph optimizations. ORT's default logger (a provider library that fails to
+    load, for one) keeps its own level."""
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4
     options.use_per_session_threads = not PROCESS_POOL.exists
     return options
 

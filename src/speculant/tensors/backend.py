@@ -114,8 +114,8 @@ class Backend(Protocol):
         ...
 
     def argmax(self, x: Value) -> Value:
-        """[R] int32 token ids: per row of ``x``, the first index of its maximum (NaN never
-        wins; an all-NaN row yields 0)."""
+        """[R] int32 token ids: per row of ``x``, the first index of its maximum; ``NO_TOKEN``
+        for a row whose maximum is not finite (a NaN or ``+inf`` in it, or all ``-inf``)."""
         ...
 
     def distribution(self, x: Value, sampling: Sampling) -> Value:

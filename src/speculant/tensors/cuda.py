@@ -303,7 +303,7 @@ class CudaBackend(CudaSampling, CudaCursor):
         return Value(out, drafts.residency, "int32", owned=True, kind="token_ids")
 
     def argmax(self, x: Value) -> Value:
-        """The host's argmax (each row's first maximum, NaN never wins, all-NaN -> 0) as one
+        """The host's argmax (each row's first maximum; NO_TOKEN where it is not finite) as one
         kernel (cuda_kernels.first_argmax_rows) over float32 or float16 rows (a half widened
         exactly as it is read); bfloat16 is widened exactly first."""
         cp = self._cp

@@ -11,10 +11,11 @@ from typing import Any
 
 ARGMAX_THREADS = 256  # threads per row (one block per row)
 
-# The argmax rule over float32 rows [R, V]: the first index of the row's maximum, NaN never
-# wins, a row without a non-NaN element yields 0. Each thread scans a strided slice in
-# increasing index order (strict '>' keeps the first of equal values), then the block reduces
-# the (value, index) pairs preferring the larger value, then the smaller index.
+# The argmax rule over float32 rows [R, V]: the first index of the row's maximum, or -1
+# (NO_TOKEN) where that maximum is not finite: a NaN or +inf in the row, or every element -inf.
+# Each thread scans a strided slice in increasing index order (strict '>' keeps the first of
+# equal values), then the block reduces the (value, index) pairs preferring the larger value,
+# then the smaller index, and ORs the threads' "saw a NaN or +inf".
 # ``SCORE`` is float, or unsigned short holding float16 bits that ``load`` widens exactly as
 # it reads them (PTX cvt.f32.f16: no widened copy, no header).
 _FIRST_ARGMAX_SOURCE = r"""
@@ -29,12 +30,14 @@ extern "C" __global__ void first_argmax_rows(const SCORE* scores, const int rows
     const int row = blockIdx.x;
     const SCORE* r = scores + (long long)row * width;
     float best = 0.0f;
-    int best_i = width;  // width: no non-NaN element seen
+    int best_i = width;  // width: no finite or -inf element seen
+    int is_broken = 0;  // a NaN or +inf seen
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         const float v = load(r[i]);
-        if (isnan(v)) continue;
+        if (isnan(v) || (isinf(v) && v > 0.0f)) { is_broken = 1; continue; }
         if (best_i == width || v > best) { best = v; best_i = i; }
     }
+    is_broken = __syncthreads_or(is_broken);
     __shared__ float shared_value[THREADS];
     __shared__ int shared_index[THREADS];
     shared_value[threadIdx.x] = best;
@@ -54,7 +57,9 @@ extern "C" __global__ void first_argmax_rows(const SCORE* scores, const int rows
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[row] = shared_index[0] == width ? 0 : shared_index[0];
+    if (threadIdx.x == 0)
+        out[row] = is_broken || shared_index[0] == width || isinf(shared_value[0])
+                   ? -1 : shared_index[0];
 }
 """.replace("THREADS", str(ARGMAX_THREADS))
 

@@ -21,22 +21,16 @@ from speculant.tensors import sampling as sampling_math
 from speculant.tensors.acceptance import accept_greedy
 from speculant.tensors.backend import ResidencyCounters
 from speculant.tensors.sampling import Sampling
-from speculant.tensors.value import HOST, NUMPY_DTYPES, Value, window_is_view
+from speculant.tensors.value import HOST, NO_TOKEN, NUMPY_DTYPES, Value, window_is_view
 
 
 def argmax_rows_numpy(rows: np.ndarray) -> np.ndarray:
-    """The argmax of every row of ``rows`` ``[R, V]`` (float32 already widened).
-
-    NaN is ignored, the lowest index wins ties, ``+inf`` wins, an all ``-inf`` row yields its
-    first non-NaN index and an all-NaN row yields 0. Result ``[R]`` int32.
-    """
-    is_nan = np.isnan(rows)  # [R, V] bool
-    if not is_nan.any():  # no NaN: numpy's argmax is the rule (first index of the maximum)
-        return np.argmax(rows, axis=1).astype(np.int32)
-    key = np.where(is_nan, np.float32(-np.inf), rows)  # [R, V] float32
-    row_max = key.max(axis=1, keepdims=True)  # [R, 1] float32
-    hit = (key == row_max) & ~is_nan  # [R, V] bool
-    return np.argmax(hit, axis=1).astype(np.int32)  # first True; 0 when none
+    """The argmax of every row of ``rows`` ``[R, V]`` (float32 already widened): the lowest
+    index of the row's maximum, or ``NO_TOKEN`` where that maximum is not a finite number (a
+    NaN or ``+inf`` anywhere in the row, or every element ``-inf``). Result ``[R]`` int32."""
+    ids = np.argmax(rows, axis=1).astype(np.int32)  # [R] int32; a row's first NaN wins here
+    ids[~np.isfinite(rows[np.arange(rows.shape[0]), ids])] = NO_TOKEN  # R reads, not R·V
+    return ids
 
 
 def widen_rows(x: Value) -> np.ndarray:

@@ -14,6 +14,7 @@ from speculant.dtypes import DTYPES, NUMPY_DTYPES
 from speculant.errors import INSTALL_CUDA, ContractError, ResidencyError
 
 HOST = "host"
+NO_TOKEN = -1  # the id of scores without a finite maximum (docs/design/spec/runtime.md §7)
 FLOAT_DTYPES = tuple(name for name in NUMPY_DTYPES if DTYPES[name].is_float)
 
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speculant.errors import AdmissionError
+from speculant.errors import AdmissionError, ContractError
 from speculant.package.package import Package
 from speculant.package.plan import CellPlan, LoadPlan
-from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value
+from speculant.tensors import HOST, NO_TOKEN, NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.cells import AppendedCells, StaticCells, StaticPool, request_capacity
 from speculant.workflow.request import Admitted
 from speculant.workflow.sampler import Sampler
@@ -133,6 +133,7 @@ class DecodeState:
     stats: DecodeStats = field(default_factory=DecodeStats)
     sampler: Sampler | None = None  # T(row) and the request's generator; None: greedy
     text: StopText | None = None  # the committed text and its stop strings, when wanted
+    target_file: str = ""  # the target's artifact, for messages
 
     @classmethod
     def start(cls, seam: TensorSeam, package: Package, rules: StopRules, admitted: Admitted,
@@ -146,7 +147,8 @@ class DecodeState:
                             max_new_tokens=rules.max_new_tokens, k=k, residency=residency,
                             pool=pool)
         return cls(seam, package.plan, rules, admitted, tokens, len(tokens), cells,
-                   dict(admitted.initial_controls), sampler=sampler, text=text)
+                   dict(admitted.initial_controls), sampler=sampler, text=text,
+                   target_file=str(package.artifacts.get(package.plan.target, package.root)))
 
     @classmethod
     def after_pass(cls, seam: TensorSeam, plan: LoadPlan, admitted: Admitted,
@@ -194,7 +196,14 @@ class DecodeState:
 
     # -- the two places a decode's counters and stream change ------------------------------
     def record_prefill(self, pass_result: PassResult, first: int) -> list[int]:
-        """The prefill consumed the prompt and chose ``first``; returns what was committed."""
+        """The prefill consumed the prompt and chose ``first``; returns what was committed.
+        A draw gives NaN scores probability 0, so under sampling the prefill's row is also
+        reduced by the argmax rule once: scores without a finite maximum stop the decode."""
+        if self.sampler is not None:
+            logits = pass_result.logits  # [1, P, V]
+            row = self.seam.last_along_axis(logits, logits.rank - 2)
+            if self.seam.read_token_ids(self.seam.argmax_rows(row))[0] == NO_TOKEN:
+                raise self._no_finite_scores()
         self.stats.record_prefill(self.sampler is not None)
         self.advance(pass_result, len(pass_result.tokens))
         return self.commit([first])
@@ -219,6 +228,8 @@ class DecodeState:
         for token in tokens:
             if self.is_stopped:
                 break
+            if token == NO_TOKEN:  # the argmax of scores without a finite maximum
+                raise self._no_finite_scores()
             self.tokens.append(int(token))
             committed.append(int(token))
             self.stop_reason = self._stop_after(int(token))
@@ -227,6 +238,15 @@ class DecodeState:
             set_control(self.controls, "active", False)
             set_control(self.controls, "done", True)
         return committed
+
+    def _no_finite_scores(self) -> ContractError:
+        target = self.plan.target
+        return ContractError(
+            f"the target '{target}' computed logits with no finite maximum (NaN or +inf) at "
+            f"position {len(self.tokens)}: no token can be chosen from them",
+            file=self.target_file, path=f"pipeline.workflow.components.{target}",
+            remedy="check the target's weights for NaN or infinite values (a broken export or "
+                   "conversion; a float16 graph that overflows), and re-export the model")
 
     def _stop_after(self, token: int) -> str | None:
         is_stop_string = self.text is not None and self.text.push(token)
