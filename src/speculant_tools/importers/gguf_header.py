@@ -81,10 +81,8 @@ class _Cursor:
     def skip(self, num_bytes: int, field: str, value: object = None) -> int:
         """Move past ``num_bytes``; where they are not all in the file, refuse ``field``."""
         if num_bytes > self.remaining:
-            raise self.error(f"the file ends {self.remaining} bytes after offset "
-                             f"{self.offset}, inside {field}", field,
-                             num_bytes if value is None else value,
-                             f"at most {self.remaining} bytes")
+            raise self.error(f"the file ends here: {num_bytes} bytes needed at offset "
+                             f"{self.offset}, {self.remaining} left", field, value)
         start, self.offset = self.offset, self.offset + num_bytes
         return start
 
@@ -94,7 +92,7 @@ class _Cursor:
 
     def text(self, field: str) -> str:
         length = self.number("Q", f"{field} (its length)")
-        start = self.skip(length, field)
+        start = self.skip(length, field, length)
         try:
             return bytes(self.data[start:self.offset]).decode("utf-8")
         except UnicodeDecodeError:
@@ -104,7 +102,7 @@ class _Cursor:
         """``count`` more items, each at least ``min_item_bytes`` long, must fit the file
         and the item budget."""
         if count * min_item_bytes > self.remaining:
-            raise self.error(f"{field} declares more items than the file holds", field, count,
+            raise self.error("declares more items than the file holds", field, count,
                              f"at most {self.remaining // min_item_bytes}")
         self.num_items += count
         if self.num_items > MAX_HEADER_ITEMS:
@@ -187,7 +185,8 @@ def _value(cursor: _Cursor, kind: GGUFValueType, field: str, depth: int = 0) -> 
     if kind in SCALARS:
         cursor.skip(struct.calcsize(SCALARS[kind]), field)
     elif kind == GGUFValueType.STRING:
-        cursor.skip(cursor.number("Q", f"{field} (its length)"), field)
+        length = cursor.number("Q", f"{field} (its length)")
+        cursor.skip(length, field, length)
     else:  # an array: its item type, its length, its items
         if depth == MAX_ARRAY_DEPTH:
             raise cursor.error("arrays nest too deeply", field, depth,
