@@ -65,7 +65,8 @@ def _raw(data: bytes):
 V = gguf.GGUFValueType
 EMBD = "tensors.token_embd.weight"
 # the probe's 33 files (less its three chat templates, which issue 38's template work covers),
-# its two scale variants, and a merge the tokenizers library panicked on
+# its two scale variants, a float64 beyond float32 and a merge the tokenizers library
+# panicked on
 CRAFTED = {
     "architecture as an int": (_edit(**{"general.architecture": (V.UINT32, 7)}),
                                "general.architecture"),
@@ -85,6 +86,8 @@ CRAFTED = {
     "tensor type 9999": (_patch((f"{EMBD}#4", 9999, 0)), f"{EMBD}.type"),
     "rms_eps NaN": (_edit(**{"llama.attention.layer_norm_rms_epsilon": (V.FLOAT32, np.nan)}),
                     "llama.attention.layer_norm_rms_epsilon"),
+    "rope freq_base 1e300 (f64)": (_edit(**{"llama.rope.freq_base": (V.FLOAT64, 1e300)}),
+                                   "llama.rope.freq_base"),
     "feed_forward_length 0": (_edit(**{"llama.feed_forward_length": (V.UINT32, 0)}),
                               "llama.feed_forward_length"),
     "head_count_kv 0": (_edit(**{"llama.attention.head_count_kv": (V.UINT32, 0)}),

@@ -186,19 +186,25 @@ def _config(fields: _Fields) -> LlamaConfig:
              "intermediate_size": fields.count(f"{arch}.feed_forward_length"),
              "max_position_embeddings": fields.count(f"{arch}.context_length")}
     try:
-        return LlamaConfig(**sizes, rms_norm_eps=_decimal(fields.positive(
-            f"{arch}.attention.layer_norm_rms_epsilon")), rope_theta=_decimal(
-            fields.positive(f"{arch}.rope.freq_base", 10000.0)))
+        return LlamaConfig(**sizes, rms_norm_eps=_float32(
+            fields, f"{arch}.attention.layer_norm_rms_epsilon"), rope_theta=_float32(
+            fields, f"{arch}.rope.freq_base", 10000.0))
     except ExportError as error:
         field = error.paths[0].removeprefix("config.")
         raise fields.refuse(CONFIG_KEYS.get(field, "").format(arch=arch), f"{error}",
                             remedy="") from None
 
 
-def _decimal(value: float) -> float:
-    """A GGUF float32 as the shortest decimal that rounds to it (1e-05, not 9.99999974e-06),
-    as the checkpoint's config.json had it."""
-    return float(str(np.float32(value)))
+def _float32(fields: _Fields, key: str, default: Any = MISSING) -> float:
+    """A positive float32 as the shortest decimal that rounds to it (1e-05, not
+    9.99999974e-06), as the checkpoint's config.json had it."""
+    value = fields.positive(key, default)
+    with np.errstate(over="ignore", under="ignore"):  # out of range: refused below
+        decimal = float(str(np.float32(value)))
+    if not (math.isfinite(decimal) and decimal > 0):
+        raise fields.refuse(key, "the value is outside float32's positive range", value,
+                            "a positive float32")
+    return decimal
 
 
 def _hf_name(name: str) -> str | None:
