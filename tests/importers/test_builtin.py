@@ -5,9 +5,11 @@ rebuilt when incomplete or corrupted, built once when two processes ask at the s
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +155,91 @@ def test_a_failed_build_leaves_no_folder(tmp_path):
     with pytest.raises(RuntimeError):
         cached(tmp_path, "x", "k", build)
     assert [p.name for p in (tmp_path / "packages").iterdir()] == ["x-k.lock"]
+
+
+SLOW_BUILD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from speculant_tools.builtin.cache import cached
+
+    def build(out):
+        out.mkdir()
+        for i in range(600):
+            (out / f"part{i}.bin").write_bytes(bytes([i % 256]) * 100_000)
+            time.sleep(0.05)
+    cached(Path(sys.argv[1]), "x", "k", build)
+""")
+
+
+def _write_package(out: Path) -> None:
+    out.mkdir()
+    (out / "weights.bin").write_bytes(b"w" * 1000)
+
+
+def test_a_killed_build_leaves_no_staging_folder_after_the_next_build(tmp_path):
+    """SIGKILL mid-build leaves `.building-x-k` (the probe: 516 MB of smollm2); the next
+    build of the key removes it under the lock and leaves only the package and the lock."""
+    cache = tmp_path / "cache"
+    child = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(cache)])
+    deadline = time.monotonic() + 60
+    while len(list(cache.glob("packages/.building-*/package/part*.bin"))) < 3:
+        assert child.poll() is None and time.monotonic() < deadline, "the build never started"
+        time.sleep(0.05)
+    child.kill()
+    child.wait(timeout=30)
+    assert list(cache.glob("packages/.building-*"))  # the killed build's leftover
+    final = cached(cache, "x", "k", _write_package)
+    assert is_complete(final)
+    assert sorted(p.name for p in (cache / "packages").iterdir()) == ["x-k", "x-k.lock"]
+
+
+def test_leftovers_of_this_key_are_removed_and_other_keys_left_alone(tmp_path):
+    packages = tmp_path / "packages"
+    for leftover in (".building-x-k", ".stale-x-k", ".building-x-other"):
+        (packages / leftover / "package").mkdir(parents=True)
+        (packages / leftover / "package" / "half.bin").write_bytes(b"h" * 100)
+    cached(tmp_path, "x", "k", _write_package)
+    assert sorted(p.name for p in packages.iterdir()) == [".building-x-other", "x-k",
+                                                          "x-k.lock"]
+
+
+@pytest.mark.parametrize("kind", ["a directory", "a symbolic link", "not a regular file"])
+def test_a_lock_that_is_not_a_regular_file_is_a_typed_error(tmp_path, kind):
+    lock = tmp_path / "packages" / "x-k.lock"
+    lock.parent.mkdir()
+    if kind == "a directory":
+        lock.mkdir()
+    elif kind == "a symbolic link":
+        lock.symlink_to(tmp_path / "elsewhere")
+    else:
+        os.mkfifo(lock)
+    builds = []
+    with pytest.raises(builtin.BuiltinError, match="remove it") as caught:
+        cached(tmp_path, "x", "k", builds.append)
+    assert caught.value.problems[0].file == str(lock)
+    assert caught.value.problems[0].value == kind and not builds
+
+
+def test_a_cache_root_that_is_a_file_is_a_typed_error(tmp_path):
+    (tmp_path / "packages").write_text("not a folder")
+    with pytest.raises(builtin.BuiltinError, match="cannot create the cache folder") as caught:
+        cached(tmp_path, "x", "k", _write_package)
+    assert caught.value.problems[0].file == str(tmp_path / "packages")
+
+
+def test_the_cli_names_a_directory_in_place_of_the_lock(smollm2, tmp_path):
+    """The probe's case: the lock replaced by a directory and the manifest deleted; exit 2
+    with the lock's path, not an internal error."""
+    root = resolve_package("smollm2")
+    (root / MANIFEST).unlink()
+    lock = root.with_name(root.name + ".lock")
+    lock.unlink()
+    lock.mkdir()
+    result = CliRunner().invoke(app, ["generate", "smollm2", "--prompt", "the ab",
+                                      "--max-new-tokens", "2"])
+    assert result.exit_code == 2, result.output
+    assert "BuiltinError" in result.stderr and str(lock) in result.stderr.replace("\n", "")
+    assert "internal error" not in result.output
 
 
 def write_drafter(folder: Path, **settings) -> Path:

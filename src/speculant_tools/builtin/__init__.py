@@ -13,7 +13,8 @@ Cache layout (``SPECULANT_CACHE``, else the platform's user cache dir for ``spec
         tokenizer_config.json
         manifest.json                written last: every other file's size and sha256
     packages/smollm2-<key>.lock      held while one process imports
-    packages/.building-smollm2-*/    an import in progress (renamed into place when whole)
+    packages/.building-smollm2-<key>/  an import in progress (renamed into place when
+                                     whole); one a killed import left is removed by the next
 
 A folder whose manifest is missing or disagrees with its files is rebuilt; two processes
 importing at once serialize on the lock, and readers only ever see a complete folder (an
@@ -26,15 +27,11 @@ import importlib.util
 import os
 from pathlib import Path
 
-from speculant.errors import SpeculantError
-from speculant_tools.builtin.cache import FORMAT, cache_key, cached, sha256
+from speculant_tools.builtin.cache import FORMAT, BuiltinError, cache_key, cached, sha256
 
 DRAFTER_DIR = Path(__file__).with_name("smollm2")
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class BuiltinError(SpeculantError):
-    """A built-in package cannot be found or built."""
+__all__ = ["BuiltinError", "cache_root", "smollm2", "smollm2_gguf"]
 
 
 def smollm2_gguf() -> Path:

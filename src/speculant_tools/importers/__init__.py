@@ -46,7 +46,7 @@ def detect(source: str | Path) -> str:
             if handle.read(4) == b"GGUF":
                 return "gguf"
         raise ImporterError("this file is not a GGUF file (no GGUF magic)", file=str(path),
-                            expected="a .gguf file, or a folder")
+                            path="GGUF.magic", expected="a .gguf file, or a folder")
     if path.is_dir():
         if is_genai_folder(path):
             return "genai"

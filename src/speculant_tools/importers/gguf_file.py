@@ -9,18 +9,22 @@ EOS/BOS and the chat template come from the GGUF's metadata.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from speculant_tools.export import ExportError, LlamaConfig
+from speculant_tools.export import ExportError, LlamaConfig, target_shapes
+from speculant_tools.export.config import EMBEDDING, LM_HEAD
 from speculant_tools.importers.checkpoint import (
     Checkpoint,
     ImporterError,
     Progress,
     tokenizer_config,
 )
+from speculant_tools.importers.gguf_header import REMEDY, check_header, printable
 from speculant_tools.importers.gguf_vocab import build_tokenizer
 
 ARCHITECTURES = ("llama",)
@@ -37,7 +41,14 @@ LAYER_NAMES = {  # GGUF blk.{i}.NAME -> HF model.layers.{i}.NAME
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+                "output_norm.weight": "model.norm.weight", "output.weight": LM_HEAD}
+CONFIG_KEYS = {  # LlamaConfig field -> the GGUF key it is read from
+    "vocab_size": "{arch}.vocab_size", "hidden_size": "{arch}.embedding_length",
+    "num_hidden_layers": "{arch}.block_count", "head_dim": "{arch}.attention.key_length",
+    "num_attention_heads": "{arch}.attention.head_count",
+    "num_key_value_heads": "{arch}.attention.head_count_kv",
+    "intermediate_size": "{arch}.feed_forward_length",
+    "max_position_embeddings": "{arch}.context_length"}
 
 
 def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -53,151 +64,279 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
+MISSING = object()  # a required key's default
+MIN_POSITIONS = 1 << 15  # context_length is always accepted up to this many positions
+# what gguf's reader raises on a file check_header passed all the same (a bug there or here)
+READER_ERRORS = (OSError, ValueError, IndexError, KeyError, TypeError, OverflowError,
+                 MemoryError)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
 class _Fields:
-    """The GGUF's key-value metadata, read with typed errors naming the key."""
+    """The GGUF's key-value metadata, each value read as the type the importer needs, with
+    typed errors naming the file and the key."""
 
     def __init__(self, reader: Any, file: str) -> None:
         self.fields, self.file = reader.fields, file
 
-    def get(self, key: str, default: Any = None) -> Any:
-        field = self.fields.get(key)
-        return default if field is None else field.contents()
+    def refuse(self, key: str, message: str, value: Any = None, expected: str = "",
+               remedy: str = REMEDY) -> ImporterError:
+        return ImporterError(message, file=self.file, path=key, value=value,
+                             expected=expected, remedy=remedy)
 
-    def need(self, key: str) -> Any:
+    def _read(self, key: str, default: Any, expected: str, is_valid) -> Any:
         if key not in self.fields:
-            raise ImporterError("the GGUF lacks a required key", file=self.file, path=key)
-        return self.get(key)
+            if default is MISSING:
+                raise self.refuse(key, "the GGUF lacks a required key", expected=expected)
+            return default
+        try:
+            value = self.fields[key].contents()
+        except (ValueError, IndexError, TypeError) as error:  # UnicodeDecodeError among them
+            raise self.refuse(key, f"cannot read the value: {error}", expected=expected) \
+                from None
+        if not is_valid(value):
+            raise self.refuse(key, f"the value must be {expected}", value, expected)
+        return value
+
+    def count(self, key: str, default: Any = MISSING) -> int:
+        return self._read(key, default, "a positive integer",
+                          lambda v: _is_int(v) and v > 0)
+
+    def integer(self, key: str, default: Any = MISSING) -> int:
+        return self._read(key, default, "an integer", _is_int)
+
+    def positive(self, key: str, default: Any = MISSING) -> float:
+        return self._read(key, default, "a positive finite number",
+                          lambda v: _is_number(v) and v > 0)
+
+    def text(self, key: str, default: Any = MISSING) -> str:
+        return self._read(key, default, "a string", lambda v: isinstance(v, str))
+
+    def flag(self, key: str, default: Any = MISSING) -> bool:
+        return self._read(key, default, "a boolean", lambda v: isinstance(v, bool))
+
+    def texts(self, key: str, default: Any = MISSING) -> list[str]:
+        return self._read(key, default, "an array of strings",
+                          lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+
+    def integers(self, key: str, default: Any = MISSING) -> list[int]:
+        return self._read(key, default, "an array of integers",
+                          lambda v: isinstance(v, list) and all(_is_int(x) for x in v))
 
 
 def read_gguf(path: str | Path, progress: Progress | None = None) -> Checkpoint:
-    """The Llama checkpoint in the GGUF file ``path`` (float32 weights, HF names)."""
+    """The Llama checkpoint in the GGUF file ``path`` (float32 weights, HF names).
+
+    Every size is checked against what the file holds before anything proportional to it
+    is built: the header against the file (``gguf_header.check_header``), the tensors'
+    names and shapes against the declared sizes, ``block_count`` against the layers
+    present, ``context_length`` against the weights (:func:`_check_context`). Any failure
+    is an :class:`ImporterError` naming the file and the field."""
     import gguf
 
     path = Path(path)
     file = str(path)
+    check_header(path)
     try:
         reader = gguf.GGUFReader(path)
-    except (OSError, ValueError) as error:
-        raise ImporterError(f"cannot read the GGUF file: {error}", file=file) from None
+    except READER_ERRORS as error:
+        raise ImporterError(f"gguf's reader refuses the file: {type(error).__name__}: "
+                            f"{error}", file=file, path="GGUF", remedy=REMEDY) from None
     fields = _Fields(reader, file)
     config = _config(fields)
-    weights = _weights(reader, config, file, progress)
+    tensors = _checked_tensors(reader.tensors, config, fields)
+    weights = _weights(tensors, config, file, progress)
     return Checkpoint(config=config, weights=weights, source=file,
                       **_tokenizer(fields, config))
 
 
 def _config(fields: _Fields) -> LlamaConfig:
-    arch = fields.need("general.architecture")
+    arch = fields.text("general.architecture")
     if arch not in ARCHITECTURES:
-        raise ImporterError("this architecture is not supported", file=fields.file,
-                            path="general.architecture", value=arch,
-                            expected=" or ".join(ARCHITECTURES))
-    scaling = fields.get(f"{arch}.rope.scaling.type", "none")
+        raise fields.refuse("general.architecture", "this architecture is not supported",
+                            arch, " or ".join(ARCHITECTURES), remedy="")
+    scaling = fields.text(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", "linear") or (
-            scaling == "linear" and fields.get(f"{arch}.rope.scaling.factor", 1.0) != 1.0):
-        raise ImporterError("rope scaling is not supported", file=fields.file,
-                            path=f"{arch}.rope.scaling.type", value=scaling,
-                            expected="none (plain RoPE)")
-    heads = fields.need(f"{arch}.attention.head_count")
-    hidden = fields.need(f"{arch}.embedding_length")
-    head_dim = fields.get(f"{arch}.attention.key_length", hidden // heads)
+            scaling == "linear" and fields.positive(f"{arch}.rope.scaling.factor", 1.0) != 1.0):
+        raise fields.refuse(f"{arch}.rope.scaling.type", "rope scaling is not supported",
+                            scaling, "none (plain RoPE)", remedy="")
+    heads = fields.count(f"{arch}.attention.head_count")
+    hidden = fields.count(f"{arch}.embedding_length")
+    head_dim = fields.count(f"{arch}.attention.key_length", None) or hidden // heads
+    if head_dim == 0:
+        raise fields.refuse(f"{arch}.attention.head_count", "more attention heads than the "
+                            "embedding has values (and no attention.key_length)", heads,
+                            f"at most {hidden} (embedding_length)")
     for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.value_length"):
-        if fields.get(key, head_dim) != head_dim:
-            raise ImporterError("partial rotary or a value width other than the key's is not "
-                                "supported", file=fields.file, path=key, value=fields.get(key),
-                                expected=str(head_dim))
-    tokens = fields.need("tokenizer.ggml.tokens")
+        if fields.count(key, head_dim) != head_dim:
+            raise fields.refuse(key, "partial rotary or a value width other than the key's is "
+                                "not supported", fields.count(key), str(head_dim), remedy="")
+    tokens = fields.texts("tokenizer.ggml.tokens")
+    sizes = {"vocab_size": fields.count(f"{arch}.vocab_size", len(tokens)),
+             "hidden_size": hidden, "num_attention_heads": heads, "head_dim": head_dim,
+             "num_hidden_layers": fields.count(f"{arch}.block_count"),
+             "num_key_value_heads": fields.count(f"{arch}.attention.head_count_kv", heads),
+             "intermediate_size": fields.count(f"{arch}.feed_forward_length"),
+             "max_position_embeddings": fields.count(f"{arch}.context_length")}
     try:
-        return LlamaConfig(
-            vocab_size=int(fields.get(f"{arch}.vocab_size", len(tokens))), hidden_size=hidden,
-            num_hidden_layers=fields.need(f"{arch}.block_count"), num_attention_heads=heads,
-            num_key_value_heads=fields.get(f"{arch}.attention.head_count_kv", heads),
-            intermediate_size=fields.need(f"{arch}.feed_forward_length"),
-            max_position_embeddings=fields.need(f"{arch}.context_length"), head_dim=head_dim,
-            rms_norm_eps=_decimal(fields.need(f"{arch}.attention.layer_norm_rms_epsilon")),
-            rope_theta=_decimal(fields.get(f"{arch}.rope.freq_base", 10000.0)))
+        return LlamaConfig(**sizes, rms_norm_eps=_float32(
+            fields, f"{arch}.attention.layer_norm_rms_epsilon"), rope_theta=_float32(
+            fields, f"{arch}.rope.freq_base", 10000.0))
     except ExportError as error:
-        raise ImporterError(f"{error}", file=fields.file) from None
+        field = error.paths[0].removeprefix("config.")
+        raise fields.refuse(CONFIG_KEYS.get(field, "").format(arch=arch), f"{error}",
+                            remedy="") from None
 
 
-def _decimal(value: float) -> float:
-    """A GGUF float32 as the shortest decimal that rounds to it (1e-05, not 9.99999974e-06),
-    as the checkpoint's config.json had it."""
-    return float(str(np.float32(value)))
+def _float32(fields: _Fields, key: str, default: Any = MISSING) -> float:
+    """A positive float32 as the shortest decimal that rounds to it (1e-05, not
+    9.99999974e-06), as the checkpoint's config.json had it."""
+    value = fields.positive(key, default)
+    with np.errstate(over="ignore", under="ignore"):  # out of range: refused below
+        decimal = float(str(np.float32(value)))
+    if not (math.isfinite(decimal) and decimal > 0):
+        raise fields.refuse(key, "the value is outside float32's positive range", value,
+                            "a positive float32")
+    return decimal
 
 
 def _hf_name(name: str) -> str | None:
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
     parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isascii() and parts[1].isdigit() \
+            and parts[2] in LAYER_NAMES:
         return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}"
     return None
 
 
-def _weights(reader: Any, config: LlamaConfig, file: str,
+def _checked_tensors(tensors: list[Any], config: LlamaConfig,
+                     fields: _Fields) -> list[tuple[Any, str]]:
+    """(tensor, HF name) of each tensor, once every name is a Llama weight of a supported
+    type and every shape is the one the declared sizes give (so the sizes are backed by the
+    tensor data the file holds). ``block_count`` is checked against the tensors present
+    before the expected shapes are listed (a list as long as the declared layers)."""
+    named = []
+    for tensor in tensors:
+        name, kind = printable(tensor.name), tensor.tensor_type.name
+        hf_name = _hf_name(tensor.name)
+        if hf_name is None:
+            raise fields.refuse(f"tensors.{name}", "this tensor is outside the Llama "
+                                "architecture (rope frequencies, biases, ...)",
+                                expected="the Llama weights", remedy="")
+        if kind not in QUANT_TYPES:
+            raise fields.refuse(f"tensors.{name}.type", "this tensor type is not supported",
+                                kind, ", ".join(QUANT_TYPES), remedy="")
+        named.append((tensor, hf_name))
+    num_layers = len({name.split(".")[2] for _, name in named
+                      if name.startswith("model.layers.")})
+    if config.num_hidden_layers != num_layers:
+        raise fields.refuse("llama.block_count", "the file holds the tensors of another number "
+                            "of layers", config.num_hidden_layers,
+                            f"{num_layers} (the layers whose tensors the file holds)")
+    shapes = target_shapes(config)
+    shapes[LM_HEAD] = shapes[EMBEDDING]  # an untied output.weight is refused at export
+    for tensor, hf_name in named:
+        dims = [int(n) for n in tensor.shape]  # GGUF lists ne0 first
+        if hf_name not in shapes or tuple(reversed(dims)) != shapes[hf_name]:
+            expected = list(reversed(shapes[hf_name])) if hf_name in shapes else "no tensor"
+            raise fields.refuse(f"tensors.{printable(tensor.name)}.dims", "the tensor "
+                                "disagrees with the sizes the metadata declares (llama."
+                                "embedding_length, vocab_size, head counts, "
+                                "feed_forward_length)", dims, f"{expected} (ne0 first)")
+    missing = sorted(set(shapes) - {name for _, name in named} - {LM_HEAD})
+    if missing:
+        raise fields.refuse("tensors", "the file lacks tensors of the declared model",
+                            missing, "every Llama weight of the declared sizes")
+    _check_context(config, sum(int(tensor.n_elements) for tensor, _ in named), fields)
+    return named
+
+
+def _check_context(config: LlamaConfig, num_weight_values: int, fields: _Fields) -> None:
+    """The export bakes RoPE tables of ``context_length x head_dim`` float32 values (and a
+    slot index per position) into each graph: ``context_length`` may make them no larger
+    than the weights the file holds, or :data:`MIN_POSITIONS` positions, whichever allows
+    more. A real model's tables are a small fraction of its weights (SmolLM2-135M: 0.4 %,
+    Llama 3.1 8B: 0.2 %); 2^25 positions in a 14 KB file would be 2 GB."""
+    limit = max(MIN_POSITIONS, num_weight_values // config.head_dim)
+    if config.max_position_embeddings > limit:
+        raise fields.refuse("llama.context_length", "the context is out of proportion to the "
+                            "weights the file holds (the export builds position tables of "
+                            "context_length x head_dim values)",
+                            config.max_position_embeddings, f"at most {limit}",
+                            remedy="set the model's real context length: gguf-set-metadata "
+                                   "FILE llama.context_length N (the gguf package)")
+
+
+def _weights(tensors: list[tuple[Any, str]], config: LlamaConfig, file: str,
              progress: Progress | None) -> dict[str, np.ndarray]:
     from gguf import quants
 
     weights: dict[str, np.ndarray] = {}
-    total = len(reader.tensors)
-    for index, tensor in enumerate(reader.tensors):
-        name, kind = tensor.name, tensor.tensor_type.name
-        hf_name = _hf_name(name)
-        if hf_name is None:
-            raise ImporterError("this tensor is outside the Llama architecture (rope "
-                                "frequencies, biases, ...)", file=file,
-                                path=f"tensors.{name}", expected="the Llama weights")
-        if kind not in QUANT_TYPES:
-            raise ImporterError("this tensor type is not supported", file=file,
-                                path=f"tensors.{name}.type", value=kind,
-                                expected=", ".join(QUANT_TYPES))
-        array = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+    for index, (tensor, hf_name) in enumerate(tensors):
+        name, kind = tensor.name, tensor.tensor_type.name  # a Llama weight's name
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists ne0 first
-        array = array.reshape(shape)
+        try:
+            with np.errstate(all="ignore"):  # non-finite values are refused below, by name
+                array = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type),
+                                   np.float32).reshape(shape)
+        except (ValueError, TypeError) as error:
+            raise ImporterError(f"cannot dequantize the tensor: {error}", file=file,
+                                path=f"tensors.{name}", value=kind, remedy=REMEDY) from None
+        if not np.isfinite(array).all():
+            raise ImporterError("the tensor holds non-finite values (NaN or infinity)",
+                                file=file, path=f"tensors.{name}", value=kind, remedy=REMEDY)
         if name.endswith("attn_q.weight"):
             array = unpermute_rows(array, config.num_attention_heads)
         elif name.endswith("attn_k.weight"):
             array = unpermute_rows(array, config.num_key_value_heads)
         weights[hf_name] = np.ascontiguousarray(array)
         if progress is not None:
-            progress(f"dequantizing {name} ({kind})", index + 1, total)
+            progress(f"dequantizing {name} ({kind})", index + 1, len(tensors))
     return weights
 
 
 def _tokenizer(fields: _Fields, config: LlamaConfig) -> dict[str, Any]:
-    model = fields.need("tokenizer.ggml.model")
+    model = fields.text("tokenizer.ggml.model")
     if model != "gpt2":
-        raise ImporterError("only gpt2-style byte-level BPE tokenizers are supported",
-                            file=fields.file, path="tokenizer.ggml.model", value=model,
-                            expected="gpt2")
-    tokens = list(fields.need("tokenizer.ggml.tokens"))
+        raise fields.refuse("tokenizer.ggml.model", "only gpt2-style byte-level BPE "
+                            "tokenizers are supported", model, "gpt2", remedy="")
+    tokens = fields.texts("tokenizer.ggml.tokens")
     if len(tokens) > config.vocab_size:
-        raise ImporterError("the tokenizer has more tokens than the model has rows",
-                            file=fields.file, path="tokenizer.ggml.tokens", value=len(tokens),
-                            expected=f"at most {config.vocab_size}")
-    types = list(fields.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    bos_id = fields.get("tokenizer.ggml.bos_token_id")
-    eos_id = fields.need("tokenizer.ggml.eos_token_id")
-    for key, token_id in (("bos_token_id", bos_id), ("eos_token_id", eos_id)):
-        if token_id is not None and not 0 <= token_id < len(tokens):
-            raise ImporterError("a special token id outside the vocabulary", file=fields.file,
-                                path=f"tokenizer.ggml.{key}", value=token_id)
-    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False))
-    tokenizer = build_tokenizer(tokens, list(fields.get("tokenizer.ggml.merges", [])), types,
-                                pre=fields.get("tokenizer.ggml.pre", "default"),
-                                bos_id=bos_id, add_bos=add_bos)
+        raise fields.refuse("tokenizer.ggml.tokens", "the tokenizer has more tokens than the "
+                            "model has rows", len(tokens), f"at most {config.vocab_size}")
+    types = fields.integers("tokenizer.ggml.token_type", [1] * len(tokens))
+    ids = {key: fields.integer(f"tokenizer.ggml.{key}", None) for key in (
+        "bos_token_id", "unknown_token_id", "padding_token_id")}
+    ids["eos_token_id"] = fields.integer("tokenizer.ggml.eos_token_id")
+    for key in ("bos_token_id", "eos_token_id"):
+        if ids[key] is not None and not 0 <= ids[key] < len(tokens):
+            raise fields.refuse(f"tokenizer.ggml.{key}", "a special token id outside the "
+                                "vocabulary", ids[key], f"0 <= id < {len(tokens)}")
+    bos_id, eos_id = ids["bos_token_id"], ids["eos_token_id"]
+    add_bos = fields.flag("tokenizer.ggml.add_bos_token", False)
+    try:
+        tokenizer = build_tokenizer(tokens, fields.texts("tokenizer.ggml.merges", []), types,
+                                    pre=fields.text("tokenizer.ggml.pre", "default"),
+                                    bos_id=bos_id, add_bos=add_bos)
+    except ImporterError as error:  # the vocabulary's checks name no file
+        raise ImporterError(problems=[replace(p, file=fields.file) for p in error.problems]) \
+            from None
     bos = tokens[bos_id] if bos_id is not None else None
     extra: dict[str, Any] = {"add_bos_token": add_bos, "add_eos_token": False,
                              "model_max_length": config.max_position_embeddings,
                              "clean_up_tokenization_spaces": False}
-    unknown = fields.get("tokenizer.ggml.unknown_token_id")
-    if unknown is not None and 0 <= unknown < len(tokens):
-        extra["unk_token"] = tokens[unknown]
-    padding = fields.get("tokenizer.ggml.padding_token_id")
-    if padding is not None and 0 <= padding < len(tokens):
-        extra["pad_token"] = tokens[padding]
+    for key, name in (("unknown_token_id", "unk_token"), ("padding_token_id", "pad_token")):
+        if ids[key] is not None and 0 <= ids[key] < len(tokens):
+            extra[name] = tokens[ids[key]]
     return {"tokenizer_json": tokenizer.to_str(),
-            "tokenizer_config": tokenizer_config(fields.get("tokenizer.chat_template"),
+            "tokenizer_config": tokenizer_config(fields.text("tokenizer.chat_template", None),
                                                  bos, tokens[eos_id], extra),
-            "eos_id": int(eos_id)}
+            "eos_id": eos_id}

@@ -43,7 +43,10 @@ def _pre_tokenizer(pre: str):
 def build_tokenizer(tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int],
                     *, pre: str = "default", bos_id: int | None = None,
                     add_bos: bool = False) -> Tokenizer:
-    """The byte-level BPE tokenizer of a GGUF (``tokenizer.ggml.model == "gpt2"``)."""
+    """The byte-level BPE tokenizer of a GGUF (``tokenizer.ggml.model == "gpt2"``). The
+    vocabulary is checked before ``tokenizers`` sees it (a merge whose pieces or result are
+    not tokens makes its BPE builder panic); anything ``tokenizers`` still refuses is an
+    ImporterError too."""
     pre_tokenizer = _pre_tokenizer(pre)
     vocab = {token: i for i, token in enumerate(tokens)}
     if len(vocab) != len(tokens):
@@ -55,19 +58,35 @@ def build_tokenizer(tokens: Sequence[str], merges: Sequence[str], token_types: S
         if not space or not left or not right:
             raise ImporterError("a merge must be two tokens separated by one space",
                                 path=f"tokenizer.ggml.merges[{index}]", value=merge)
+        if not (left in vocab and right in vocab and left + right in vocab):
+            raise ImporterError("a merge of tokens outside the vocabulary",
+                                path=f"tokenizer.ggml.merges[{index}]", value=merge,
+                                expected="both pieces and their concatenation in "
+                                         "tokenizer.ggml.tokens")
         pairs.append((left, right))
+    if len(token_types) != len(tokens):
+        raise ImporterError("one token type per token", path="tokenizer.ggml.token_type",
+                            value=len(token_types), expected=str(len(tokens)))
+    try:
+        return _tokenizer(vocab, pairs, pre_tokenizer, tokens, token_types,
+                          bos_id if add_bos else None)
+    except Exception as error:  # tokenizers raises its own errors as plain Exception
+        raise ImporterError(f"tokenizers cannot build the vocabulary: {error}",
+                            path="tokenizer.ggml") from None
+
+
+def _tokenizer(vocab: dict[str, int], pairs: list[tuple[str, str]], pre_tokenizer,
+               tokens: Sequence[str], token_types: Sequence[int],
+               bos_id: int | None) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
                                      byte_fallback=False))
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
-    if len(token_types) != len(tokens):
-        raise ImporterError("one token type per token", path="tokenizer.ggml.token_type",
-                            value=len(token_types), expected=str(len(tokens)))
     for kind, add in ((CONTROL, tokenizer.add_special_tokens), (USER_DEFINED,
                                                                 tokenizer.add_tokens)):
         add([AddedToken(tokens[i], special=kind == CONTROL, normalized=False)
              for i, each in enumerate(token_types) if each == kind])
-    if add_bos and bos_id is not None:
+    if bos_id is not None:  # the BOS token before every sequence
         bos = tokens[bos_id]
         tokenizer.post_processor = processors.Sequence([
             processors.ByteLevel(trim_offsets=False),
