@@ -23,7 +23,7 @@ def test_the_protocol_lists_every_operation_transfer_and_primitive():
     assert METHODS == sorted([
         "window", "gather", "scatter", "zeros", "write_ints", "write_arange", "write_ids",
         "write_arange_from", "take_at", "add_first", "accept", "argmax", "distribution",
-        "sample", "rejection",
+        "sample", "rejection", "keyed",
         "download", "mark", "is_done", "seconds_between", "upload", "peer_copy", "synchronize",
         "write_batch", "unsupported_reason", "pointer", "compute_stream", "wrap"])
 
