@@ -14,6 +14,14 @@ Target (``LlamaForCausalLM``, tied embeddings), per layer ``i``::
     model.layers.{i}.mlp.down_proj.weight           [hidden, intermediate]
     model.norm.weight                               [hidden]
 
+and where the configuration's variations ask for them::
+
+    lm_head.weight                                  [vocab, hidden]   (untied)
+    model.layers.{i}.self_attn.{q,k}_norm.weight    [head_dim]        (qk_norm)
+    model.layers.{i}.pre_feedforward_layernorm.weight  [hidden]       (post_norms; then
+    model.layers.{i}.post_feedforward_layernorm.weight [hidden]        post_attention_layernorm
+                                                    normalizes the attention's output)
+
 Chained drafter (one layer without k/v projections; the LM head is the target's table, or
 its first ``draft_vocab_size`` rows)::
 
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +58,9 @@ from speculant.errors import SpeculantError
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"  # tied: accepted in a state dict only when equal to EMBEDDING
 DTYPES = {"float32": np.float32, "float16": np.float16}
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # SiLU; GELU's tanh approximation (GeGLU)
+SLIDING, FULL = "sliding_attention", "full_attention"
+LAYER_TYPES = (FULL, SLIDING)  # Hugging Face's names
 
 
 class ExportError(SpeculantError):
@@ -57,7 +69,10 @@ class ExportError(SpeculantError):
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """The sizes of a ``LlamaForCausalLM`` with tied embeddings, no biases, SiLU, plain RoPE."""
+    """The sizes of a ``LlamaForCausalLM`` with tied embeddings, no biases, SiLU, plain RoPE,
+    and the declared variations of that architecture the target graphs follow (the fields
+    after ``draft_vocab_size``; Gemma 2/3 and Phi-3 are Llama with some of them set). The
+    chained drafter is its own architecture and ignores them."""
 
     vocab_size: int
     hidden_size: int
@@ -71,6 +86,20 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     drafter_intermediate_size: int | None = None  # None: intermediate_size
     draft_vocab_size: int | None = None  # None: vocab_size (the drafter's LM head rows)
+    # -- architecture variations of the target (importers/families.py maps each family to
+    # them; the defaults are Llama's, and to_json leaves a default out) --
+    tie_word_embeddings: bool = True  # False: the LM head is its own lm_head.weight
+    embedding_multiplier: float = 1.0  # embeddings * this (Gemma: sqrt(hidden_size))
+    norm_weight_offset: float = 0.0  # every target RMSNorm scales by (offset + weight)
+    hidden_act: str = "silu"  # the MLP's gate activation: ACTIVATIONS
+    post_norms: bool = False  # Gemma's sandwich: see target_shapes
+    qk_norm: bool = False  # an RMSNorm over head_dim on queries and keys, before RoPE
+    attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap)
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
+    query_pre_attn_scalar: float | None = None  # scores scaled by its ** -0.5 (None: head_dim)
+    sliding_window: int | None = None  # a sliding layer's query q sees keys > q - window
+    layer_types: tuple[str, ...] | None = None  # LAYER_TYPES per layer (None: see below)
+    rope_local_base_freq: float | None = None  # RoPE theta of sliding layers (None: rope_theta)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -81,7 +110,8 @@ class LlamaConfig:
             object.__setattr__(self, "draft_vocab_size", self.vocab_size)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.type in ("int", "int | None") and (not isinstance(value, int) or value < 1):
+            if field.type in ("int", "int | None") and value is not None and (
+                    not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ExportError(f"config.{field.name} must be a positive integer",
                                   path=f"config.{field.name}", value=value)
         if self.draft_vocab_size > self.vocab_size:
@@ -98,6 +128,49 @@ class LlamaConfig:
         if not (self.rms_norm_eps > 0 and self.rope_theta > 0):
             raise ExportError("rms_norm_eps and rope_theta must be positive",
                               value=(self.rms_norm_eps, self.rope_theta))
+        self._check_variations()
+
+    def _check_variations(self) -> None:
+        """The architecture variations' values: known names, finite positive numbers, one
+        layer type per layer (a list from JSON becomes a tuple)."""
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            if len(self.layer_types) != self.num_hidden_layers or not set(
+                    self.layer_types) <= set(LAYER_TYPES):
+                raise ExportError("config.layer_types must name one of LAYER_TYPES per layer",
+                                  path="config.layer_types", value=self.layer_types,
+                                  expected=f"{self.num_hidden_layers} of {LAYER_TYPES}")
+            if SLIDING in self.layer_types and self.sliding_window is None:
+                raise ExportError("sliding layers need config.sliding_window",
+                                  path="config.sliding_window", value=None)
+        if self.hidden_act not in ACTIVATIONS:
+            raise ExportError("config.hidden_act is outside the exported architecture",
+                              path="config.hidden_act", value=self.hidden_act,
+                              expected=" or ".join(ACTIVATIONS))
+        for name in ("embedding_multiplier", "attn_logit_softcapping",
+                     "final_logit_softcapping", "query_pre_attn_scalar", "rope_local_base_freq"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float)
+                                          and math.isfinite(value) and value > 0):
+                raise ExportError(f"config.{name} must be a positive finite number",
+                                  path=f"config.{name}", value=value)
+        if not (isinstance(self.norm_weight_offset, int | float)
+                and math.isfinite(self.norm_weight_offset)):
+            raise ExportError("config.norm_weight_offset must be a finite number",
+                              path="config.norm_weight_offset", value=self.norm_weight_offset)
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether it attends within ``sliding_window`` (``layer_types`` None:
+        every layer where a window is set, as Mistral and Phi-3, else none)."""
+        if self.layer_types is None:
+            return (self.sliding_window is not None,) * self.num_hidden_layers
+        return tuple(kind == SLIDING for kind in self.layer_types)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of q . k: ``query_pre_attn_scalar ** -0.5`` (default ``head_dim``)."""
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def has_subset_vocabulary(self) -> bool:
@@ -139,7 +212,13 @@ class LlamaConfig:
                               expected="a LlamaForCausalLM config") from None
 
     def to_hf(self, dtype: str = "float32", eos_token_id: int | None = None) -> dict[str, Any]:
-        """``config.json`` of the equivalent ``LlamaForCausalLM``."""
+        """``config.json`` of the equivalent ``LlamaForCausalLM`` (a plain Llama only)."""
+        changed = [name for name, default in VARIATIONS.items()
+                   if getattr(self, name) != default]
+        if changed:
+            raise ExportError("only a plain Llama is written back as a Hugging Face config",
+                              path=f"config.{changed[0]}", value=getattr(self, changed[0]),
+                              remedy="keep the checkpoint the package was imported from")
         return {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
@@ -157,6 +236,9 @@ class LlamaConfig:
     # -- storage in the graphs -----------------------------------------------------------
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
+        for name, default in VARIATIONS.items():  # Llama's packages stay as they were
+            if data[name] == default:
+                del data[name]
         if data["drafter_intermediate_size"] == self.intermediate_size:
             del data["drafter_intermediate_size"]  # the default: packages stay as they were
         if data["draft_vocab_size"] == self.vocab_size:
@@ -166,6 +248,12 @@ class LlamaConfig:
     @classmethod
     def from_json(cls, text: str) -> LlamaConfig:
         return cls(**json.loads(text))
+
+
+VARIATIONS = {name: LlamaConfig.__dataclass_fields__[name].default for name in (
+    "tie_word_embeddings", "embedding_multiplier", "norm_weight_offset", "hidden_act",
+    "post_norms", "qk_norm", "attn_logit_softcapping", "final_logit_softcapping",
+    "query_pre_attn_scalar", "sliding_window", "layer_types", "rope_local_base_freq")}
 
 
 def _refuse_unsupported(data: Mapping[str, Any]) -> None:
@@ -212,8 +300,31 @@ def target_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     shapes = {EMBEDDING: (config.vocab_size, config.hidden_size)}
     for i in range(config.num_hidden_layers):
         shapes.update(_layer_shapes(config, f"model.layers.{i}", with_kv=True))
+        shapes.update(_variation_shapes(config, f"model.layers.{i}"))
     shapes["model.norm.weight"] = (config.hidden_size,)
+    if not config.tie_word_embeddings:
+        shapes[LM_HEAD] = (config.vocab_size, config.hidden_size)
     return shapes
+
+
+def _variation_shapes(c: LlamaConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """A target layer's weights beyond Llama's: QK norms, Gemma's sandwich norms."""
+    shapes = {}
+    if c.qk_norm:
+        shapes[f"{prefix}.self_attn.q_norm.weight"] = (c.head_dim,)
+        shapes[f"{prefix}.self_attn.k_norm.weight"] = (c.head_dim,)
+    if c.post_norms:
+        for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            shapes[f"{prefix}.{name}.weight"] = (c.hidden_size,)
+    return shapes
+
+
+def pre_mlp_norm(config: LlamaConfig, prefix: str) -> str:
+    """The norm before a target layer's MLP: Llama's ``post_attention_layernorm``; with
+    ``post_norms`` (Gemma) ``pre_feedforward_layernorm``, where ``post_attention_layernorm``
+    normalizes the attention's output and ``post_feedforward_layernorm`` the MLP's."""
+    name = "pre_feedforward_layernorm" if config.post_norms else "post_attention_layernorm"
+    return f"{prefix}.{name}.weight"
 
 
 def drafter_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:

@@ -41,12 +41,13 @@ node, for want of CPU kernels.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
-from speculant_tools.export.config import EMBEDDING, ExportError, LlamaConfig
+from speculant_tools.export.config import EMBEDDING, ExportError, LlamaConfig, pre_mlp_norm
 from speculant_tools.export.graphs import MS_DOMAIN, _Graph, rope_tables
 
 FUSED_DTYPES = ("float16", "float32")  # bfloat16: ONNX Runtime's CPU kernels lack it
@@ -87,11 +88,7 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     g = _Graph(name, c, dtype, fused_norms=True, cache=cache)
     # position_ids stays in the signature: GroupQueryAttention places rotary at P + i itself
     input_ids, mask, _, pasts = g.decoder_inputs(weights)
-    cos, sin = rope_tables(c)  # [max_pos, d] float32, halves duplicated
-    half = c.head_dim // 2
-    storage = weights[EMBEDDING].dtype  # the package dtype's numpy storage
-    cos_cache = g.weight("speculant.rope.cos_cache", cos[:, :half].astype(storage))
-    sin_cache = g.weight("speculant.rope.sin_cache", sin[:, :half].astype(storage))
+    caches = _rotary_caches(g, weights[EMBEDDING].dtype)  # per layer: (cos, sin)
 
     if g.is_static:  # seqlens_k [b] = P + s - 1; total_sequence_length = the capacity
         # s counted on the device (a host scalar from Shape would need a copy: no CUDA graph)
@@ -107,25 +104,26 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     total = g.op("Cast", [g.dim(pasts[0][0], 2, "capacity") if g.is_static
                           else g.dim(mask, 1, "total")], "total_len", to=TensorProto.INT32)
 
-    x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
+    x = g.embed(input_ids)  # [b, s, hidden]
     h = g.norm(x, "model.layers.0.input_layernorm.weight")
     presents = []
     for i, (past_key, past_value) in enumerate(pasts):
         prefix = f"model.layers.{i}"
         attn = f"{prefix}.self_attn"
-        qkv_weight = g.op("Concat", [g.transposed(f"{attn}.{p}_proj.weight") for p in "qkv"],
-                          "qkv_wt", axis=1)  # [hidden, (H + 2 KV) d], folded at load
-        qkv = g.op("MatMul", [h, qkv_weight], "qkv")  # [b, s, (H + 2 KV) d]
         context, key, value = g.node(
-            "GroupQueryAttention", [qkv, "", "", past_key, past_value, seqlens_k, total,
-                                    cos_cache, sin_cache], 3, "gqa", MS_DOMAIN,
+            "GroupQueryAttention", [*_qkv(g, h, attn), past_key, past_value, seqlens_k, total,
+                                    *caches[i]], 3, "gqa", MS_DOMAIN,
             num_heads=c.num_attention_heads, kv_num_heads=c.num_key_value_heads,
-            scale=float(c.head_dim ** -0.5), do_rotary=1, rotary_interleaved=0,
-            local_window_size=-1)  # context [b, s, H d]; key, value [b, KV, P + s, d]
+            scale=c.attention_scale, do_rotary=1, rotary_interleaved=0,
+            **_window_and_cap(c, i))  # context [b, s, H d]; key, value [b, KV, P + s, d]
         presents.append((key, value))
         attended = g.linear(context, f"{attn}.o_proj.weight")
-        h, x = g.add_norm(x, attended, f"{prefix}.post_attention_layernorm.weight")
+        if c.post_norms:
+            attended = g.norm(attended, f"{prefix}.post_attention_layernorm.weight")
+        h, x = g.add_norm(x, attended, pre_mlp_norm(c, prefix))
         mlp = g.mlp(h, prefix)
+        if c.post_norms:
+            mlp = g.norm(mlp, f"{prefix}.post_feedforward_layernorm.weight")
         following = (f"model.layers.{i + 1}.input_layernorm.weight"
                      if i + 1 < c.num_hidden_layers else "model.norm.weight")
         h, x = g.add_norm(x, mlp, following)
@@ -133,3 +131,52 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
 
     g.decoder_outputs(hidden, presents)
     return g.finish("target")
+
+
+def _rotary_caches(g: _Graph, storage: np.dtype) -> list[tuple[str, str]]:
+    """Per layer, GroupQueryAttention's ``cos_cache`` and ``sin_cache`` [max_pos, d / 2]
+    in the package dtype: a sliding layer's at ``rope_local_base_freq`` where one is set."""
+    c = g.config
+
+    def caches(config: LlamaConfig, suffix: str) -> tuple[str, str]:
+        cos, sin = rope_tables(config)  # [max_pos, d] float32, halves duplicated
+        half = c.head_dim // 2
+        return (g.weight(f"speculant.rope.cos_cache{suffix}", cos[:, :half].astype(storage)),
+                g.weight(f"speculant.rope.sin_cache{suffix}", sin[:, :half].astype(storage)))
+
+    full = caches(c, "")
+    local = full
+    if c.rope_local_base_freq is not None and any(c.sliding_layers):
+        local = caches(replace(c, rope_theta=c.rope_local_base_freq), "_local")
+    return [local if sliding else full for sliding in c.sliding_layers]
+
+
+def _qkv(g: _Graph, h: str, attn: str) -> list[str]:
+    """GroupQueryAttention's query, key and value inputs from ``h`` [b, s, hidden]: q, k
+    and v packed in one MatMul ([b, s, (H + 2 KV) d], the weights' Concat folded at load),
+    or with ``qk_norm`` q and k each normalized per head (RMSNorm over head_dim) before the
+    kernel rotates them, v apart."""
+    c = g.config
+    if not c.qk_norm:
+        qkv_weight = g.op("Concat", [g.transposed(f"{attn}.{p}_proj.weight") for p in "qkv"],
+                          "qkv_wt", axis=1)  # [hidden, (H + 2 KV) d], folded at load
+        return [g.op("MatMul", [h, qkv_weight], "qkv"), "", ""]
+    normed = []
+    for part, num_heads in (("q", c.num_attention_heads), ("k", c.num_key_value_heads)):
+        x = g.op("Reshape", [g.linear(h, f"{attn}.{part}_proj.weight"),
+                             g.const("heads", [0, 0, num_heads, c.head_dim], "int64")])
+        x = g.norm(x, f"{attn}.{part}_norm.weight")  # [b, s, heads, d]
+        normed.append(g.op("Reshape", [x, g.const("merge", [0, 0, -1], "int64")], part))
+    return [*normed, g.linear(h, f"{attn}.v_proj.weight")]
+
+
+def _window_and_cap(c: LlamaConfig, layer: int) -> dict[str, float | int]:
+    """GroupQueryAttention's ``local_window_size`` (a sliding layer's query ``q`` sees keys
+    ``q - sliding_window < j <= q``, as Hugging Face's sliding mask; -1: all of them) and,
+    where the scores are capped, ``softcap`` (``cap * tanh(scores / cap)``, after the
+    scale)."""
+    attrs: dict[str, float | int] = {"local_window_size": c.sliding_window
+                                     if c.sliding_layers[layer] else -1}
+    if c.attn_logit_softcapping is not None:
+        attrs["softcap"] = float(c.attn_logit_softcapping)
+    return attrs

@@ -14,13 +14,15 @@ Attention uses the GQA layout ``[batch, kv_heads, groups, sequence, head_dim]`` 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from speculant_tools.export.config import EMBEDDING, LlamaConfig
+from speculant_tools.export.config import EMBEDDING, LM_HEAD, VARIATIONS, LlamaConfig
+from speculant_tools.export.variations import Variations
 from speculant_tools.onnx_build import ELEMENT_TYPES, NUMPY_TYPES, GraphBuilder
 
 CONFIG_KEY = "speculant.export.llama_config"  # metadata_props entry: LlamaConfig JSON
@@ -68,9 +70,11 @@ def uses_ort_operators(model: onnx.ModelProto) -> bool:
                for node in model.graph.node)
 
 
-class _Graph(GraphBuilder):
-    """GraphBuilder plus raw-bytes weights and the decoder-layer blocks. With ``fused_norms``
-    the RMSNorms (and the residual add before one) are ONNX Runtime's fused kernels."""
+class _Graph(GraphBuilder, Variations):
+    """GraphBuilder plus raw-bytes weights and the decoder-layer blocks (the architecture
+    variations' in :class:`~speculant_tools.export.variations.Variations`). With
+    ``fused_norms`` the RMSNorms (and the residual add before one) are ONNX Runtime's fused
+    kernels."""
 
     def __init__(self, name: str, config: LlamaConfig, dtype: str, *,
                  fused_norms: bool = False, cache: str = "appended") -> None:
@@ -105,7 +109,7 @@ class _Graph(GraphBuilder):
         the norms are fused, else :meth:`rms_norm` node by node."""
         if not self.fused_norms:
             return self.rms_norm(x, weight)
-        return self.node("SimplifiedLayerNormalization", [x, weight], 1, "norm",
+        return self.node("SimplifiedLayerNormalization", [x, self.norm_scale(weight)], 1, "norm",
                          epsilon=self.config.rms_norm_eps, axis=-1, stash_type=1)[0]
 
     def add_norm(self, x: str, delta: str, weight: str) -> tuple[str, str]:
@@ -115,7 +119,8 @@ class _Graph(GraphBuilder):
         if not self.fused_norms:
             total = self.op("Add", [x, delta], "resid")
             return self.rms_norm(total, weight), total
-        out = self.node("SkipSimplifiedLayerNormalization", [x, delta, weight], 4, "skipnorm",
+        out = self.node("SkipSimplifiedLayerNormalization", [x, delta, self.norm_scale(weight)],
+                        4, "skipnorm",
                         MS_DOMAIN, keep=(0, 3), epsilon=self.config.rms_norm_eps)
         return out[0], out[3]
 
@@ -139,13 +144,17 @@ class _Graph(GraphBuilder):
         eps = self.const("eps", self.config.rms_norm_eps)
         inv_rms = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [mean_square, eps])])])
         normed = self.from_float32(self.op("Mul", [x32, inv_rms], "normed"), self.dtype)
-        return self.op("Mul", [weight, normed], weight.rsplit(".", 1)[0])
+        return self.op("Mul", [self.norm_scale(weight), normed], weight.rsplit(".", 1)[0])
 
-    def rope_at(self, position_ids: str) -> tuple[str, str]:
-        """cos, sin ``[b, 1, s, head_dim]`` float32 gathered at ``position_ids`` [b, s]."""
-        cos_table, sin_table = rope_tables(self.config)
-        cos = self.op("Gather", [self.weight("speculant.rope.cos", cos_table), position_ids])
-        sin = self.op("Gather", [self.weight("speculant.rope.sin", sin_table), position_ids])
+    def rope_at(self, position_ids: str, config: LlamaConfig | None = None,
+                suffix: str = "") -> tuple[str, str]:
+        """cos, sin ``[b, 1, s, head_dim]`` float32 gathered at ``position_ids`` [b, s]
+        (``config``'s tables, default the graph's; ``suffix`` names a second pair)."""
+        cos_table, sin_table = rope_tables(config or self.config)
+        tables = [self.weight(f"speculant.rope.{part}{suffix and '_' + suffix}", table)
+                  for part, table in (("cos", cos_table), ("sin", sin_table))]
+        cos = self.op("Gather", [tables[0], position_ids])
+        sin = self.op("Gather", [tables[1], position_ids])
         return self.unsqueeze(cos, [1], "cos"), self.unsqueeze(sin, [1], "sin")
 
     def rotate(self, x32: str, rope: tuple[str, str]) -> str:
@@ -171,13 +180,15 @@ class _Graph(GraphBuilder):
         c = self.config
         q = self.heads(self.linear(h, f"{prefix}.self_attn.q_proj.weight"),
                        c.num_attention_heads)
+        q = self.head_norm(q, f"{prefix}.self_attn.q_norm.weight")
         q = self.rotate(self.to_float32(q, self.dtype), rope)  # [b, H, s, d] float32
         q = self.op("Reshape", [q, self.const("gqa", [0, c.num_key_value_heads, c.num_groups,
                                                       -1, c.head_dim], "int64")], "q5")
         k = self.unsqueeze(self.to_float32(keys, self.dtype), [2], "k5")  # [b, KV, 1, T, d]
         v = self.unsqueeze(self.to_float32(values, self.dtype), [2], "v5")
         scores = self.op("MatMul", [q, self.op("Transpose", [k], "kt", perm=[0, 1, 2, 4, 3])])
-        scores = self.op("Mul", [scores, self.const("scaling", c.head_dim ** -0.5)], "scores")
+        scores = self.op("Mul", [scores, self.const("scaling", c.attention_scale)], "scores")
+        scores = self.soft_cap(scores, c.attn_logit_softcapping)
         scores = self.op("Where", [allowed, scores, self.const("masked", MASKED)], "masked")
         probs = self.op("Softmax", [scores], "probs", axis=-1)  # [b, KV, G, s, T]
         context = self.op("MatMul", [probs, v], "context")  # [b, KV, G, s, d]
@@ -212,13 +223,21 @@ class _Graph(GraphBuilder):
     def mlp(self, h: str, prefix: str) -> str:
         gate = self.linear(h, f"{prefix}.mlp.gate_proj.weight")
         up = self.linear(h, f"{prefix}.mlp.up_proj.weight")
-        act = self.op("Mul", [gate, self.op("Sigmoid", [gate])], "silu")
+        if self.config.hidden_act == "gelu_pytorch_tanh":
+            act = self.gelu_tanh(gate)
+        else:
+            act = self.op("Mul", [gate, self.op("Sigmoid", [gate])], "silu")
         return self.linear(self.op("Mul", [act, up]), f"{prefix}.mlp.down_proj.weight")
 
     def lm_head(self, h: str) -> str:
-        """Tied LM head: ``h @ embed_tokens.T`` (the drafter's: the rows its graph carries)."""
-        return self.op("MatMul", [h, self.op("Transpose", [EMBEDDING], "et", perm=[1, 0])],
-                       "logits")
+        """Tied LM head: ``h @ embed_tokens.T`` (the drafter's: the rows its graph carries);
+        untied: ``h @ lm_head.T``; then the final soft cap, where the configuration has one."""
+        if self.config.tie_word_embeddings:
+            logits = self.op("MatMul", [h, self.op("Transpose", [EMBEDDING], "et",
+                                                   perm=[1, 0])], "logits")
+        else:
+            logits = self.linear(h, LM_HEAD)
+        return self.soft_cap(logits, self.config.final_logit_softcapping)
 
     def decoder_inputs(self, weights: Mapping[str, np.ndarray]
                        ) -> tuple[str, str, str, list[tuple[str, str]]]:
@@ -332,16 +351,18 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
                       "causal")  # [s, T]
         visible = g.unsqueeze(g.op("Cast", [mask], "visible", to=TensorProto.BOOL), [1, 2, 3])
         allowed = g.op("And", [causal, visible], "allowed")  # [b, 1, 1, s, T]
-    rope = g.rope_at(position_ids)
+    ropes = g.layer_ropes(position_ids)
+    masks = g.layer_masks(allowed, query_pos, key_pos)
 
-    x = g.op("Gather", [EMBEDDING, input_ids], "embeds")  # [b, s, hidden]
+    x = g.embed(input_ids)  # [b, s, hidden]
     presents, layer_inputs = [], []
     for i, (past_key, past_value) in enumerate(pasts):
         prefix = f"model.layers.{i}"
         layer_inputs.append(x)
         h = g.rms_norm(x, f"{prefix}.input_layernorm.weight")
         k = g.heads(g.linear(h, f"{prefix}.self_attn.k_proj.weight"), c.num_key_value_heads)
-        k = g.from_float32(g.rotate(g.to_float32(k, dtype), rope), dtype)
+        k = g.head_norm(k, f"{prefix}.self_attn.k_norm.weight")
+        k = g.from_float32(g.rotate(g.to_float32(k, dtype), ropes[i]), dtype)
         v = g.heads(g.linear(h, f"{prefix}.self_attn.v_proj.weight"), c.num_key_value_heads)
         if g.is_static:  # [b, KV, capacity, d], the block at [P, P + s)
             key, value = (g.scatter_block(past, new, query_pos)
@@ -350,9 +371,7 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
             key = g.op("Concat", [past_key, k], f"present_{i}_key", axis=2)  # [b, KV, T, d]
             value = g.op("Concat", [past_value, v], f"present_{i}_value", axis=2)
         presents.append((key, value))
-        x = g.op("Add", [x, g.attention(h, prefix, rope, key, value, allowed)], "resid")
-        h = g.rms_norm(x, f"{prefix}.post_attention_layernorm.weight")
-        x = g.op("Add", [x, g.mlp(h, prefix)], "resid")
+        x = g.layer_tail(x, g.attention(h, prefix, ropes[i], key, value, masks[i]), prefix)
     hidden = g.rms_norm(x, "model.norm.weight")  # [b, s, hidden]
     if taps is not None:
         taps.update(layer_inputs=layer_inputs, query_pos=query_pos)
@@ -379,7 +398,7 @@ def drafter_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
     on static caches, the only form it takes): the attention as ONNX's RotaryEmbedding and
     Attention (:meth:`_Graph.fused_attention`). Its outputs are the nodes' own (no Identity:
     a step writes straight into the buffers bound to them)."""
-    c = config
+    c = replace(config, **VARIATIONS)  # the drafter is a Llama layer whatever the target
     g = _Graph(name, c, dtype, fused_norms=fused_norms, cache=cache)
     if fused_attention is None:
         fused_attention = fused_norms and g.is_static
