@@ -1,10 +1,13 @@
-"""Read a GGUF file of the Llama family into a :class:`Checkpoint` (the ``gguf`` package).
+"""Read a GGUF file of the Llama family, or of a family of
+:mod:`~speculant_tools.importers.families` (``gemma2``, ``gemma3``, ``phi3``), into a
+:class:`Checkpoint` (the ``gguf`` package).
 
 Tensors are dequantized exactly as ggml does (``gguf.quants.dequantize``: Q4_0, Q4_1, Q8_0,
 F16, F32). llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` so that its
 rotary kernel rotates adjacent pairs; Hugging Face's Llama rotates halves, so the import
-undoes that permutation (:func:`unpermute_rows`). Sizes, the tokenizer, its special tokens,
-EOS/BOS and the chat template come from the GGUF's metadata.
+undoes that permutation (:func:`unpermute_rows`; the ``llama`` architecture's alone).
+Sizes, the tokenizer, its special tokens, EOS/BOS and the chat template come from the GGUF's
+metadata.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from speculant_tools.importers.checkpoint import (
     Progress,
     tokenizer_config,
 )
+from speculant_tools.importers.families import BY_GGUF_ARCH, fused_shapes, split_fused
 from speculant_tools.importers.gguf_header import REMEDY, check_header, printable
 from speculant_tools.importers.gguf_vocab import build_tokenizer
 
-ARCHITECTURES = ("llama",)
+ARCHITECTURES = ("llama", *BY_GGUF_ARCH)
+FAMILIES_REMEDY = "docs/models.md lists the families and fields that import"
 QUANT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 LAYER_NAMES = {  # GGUF blk.{i}.NAME -> HF model.layers.{i}.NAME
     "attn_norm.weight": "input_layernorm.weight",
@@ -151,8 +156,11 @@ def read_gguf(path: str | Path, progress: Progress | None = None) -> Checkpoint:
                             f"{error}", file=file, path="GGUF", remedy=REMEDY) from None
     fields = _Fields(reader, file)
     config = _config(fields)
+    family = BY_GGUF_ARCH.get(fields.text("general.architecture"))
     tensors = _checked_tensors(reader.tensors, config, fields)
-    weights = _weights(tensors, config, file, progress)
+    weights = _weights(tensors, config, file, progress, permuted=family is None)
+    if family is not None and family.is_fused:
+        weights = split_fused(config, weights)
     return Checkpoint(config=config, weights=weights, source=file,
                       **_tokenizer(fields, config))
 
@@ -161,7 +169,7 @@ def _config(fields: _Fields) -> LlamaConfig:
     arch = fields.text("general.architecture")
     if arch not in ARCHITECTURES:
         raise fields.refuse("general.architecture", "this architecture is not supported",
-                            arch, " or ".join(ARCHITECTURES), remedy="")
+                            arch, " or ".join(ARCHITECTURES), remedy=FAMILIES_REMEDY)
     scaling = fields.text(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", "linear") or (
             scaling == "linear" and fields.positive(f"{arch}.rope.scaling.factor", 1.0) != 1.0):
@@ -179,16 +187,18 @@ def _config(fields: _Fields) -> LlamaConfig:
             raise fields.refuse(key, "partial rotary or a value width other than the key's is "
                                 "not supported", fields.count(key), str(head_dim), remedy="")
     tokens = fields.texts("tokenizer.ggml.tokens")
-    sizes = {"vocab_size": fields.count(f"{arch}.vocab_size", len(tokens)),
+    sizes: dict[str, Any] = {"vocab_size": fields.count(f"{arch}.vocab_size", len(tokens)),
              "hidden_size": hidden, "num_attention_heads": heads, "head_dim": head_dim,
              "num_hidden_layers": fields.count(f"{arch}.block_count"),
              "num_key_value_heads": fields.count(f"{arch}.attention.head_count_kv", heads),
              "intermediate_size": fields.count(f"{arch}.feed_forward_length"),
              "max_position_embeddings": fields.count(f"{arch}.context_length")}
+    family = BY_GGUF_ARCH.get(arch)
+    variations = {} if family is None else family.gguf_variations(fields, arch, sizes)
     try:
         return LlamaConfig(**sizes, rms_norm_eps=_float32(
             fields, f"{arch}.attention.layer_norm_rms_epsilon"), rope_theta=_float32(
-            fields, f"{arch}.rope.freq_base", 10000.0))
+            fields, f"{arch}.rope.freq_base", 10000.0), **variations)
     except ExportError as error:
         field = error.paths[0].removeprefix("config.")
         raise fields.refuse(CONFIG_KEYS.get(field, "").format(arch=arch), f"{error}",
@@ -207,13 +217,13 @@ def _float32(fields: _Fields, key: str, default: Any = MISSING) -> float:
     return decimal
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, layer_names: dict[str, str] = LAYER_NAMES) -> str | None:
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
     parts = name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isascii() and parts[1].isdigit() \
-            and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}"
+            and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
     return None
 
 
@@ -223,14 +233,18 @@ def _checked_tensors(tensors: list[Any], config: LlamaConfig,
     type and every shape is the one the declared sizes give (so the sizes are backed by the
     tensor data the file holds). ``block_count`` is checked against the tensors present
     before the expected shapes are listed (a list as long as the declared layers)."""
+    arch = fields.text("general.architecture")
+    family = BY_GGUF_ARCH.get(arch)
+    layer_names = LAYER_NAMES if family is None else {**LAYER_NAMES, **family.gguf_layer_names}
     named = []
     for tensor in tensors:
         name, kind = printable(tensor.name), tensor.tensor_type.name
-        hf_name = _hf_name(tensor.name)
+        hf_name = _hf_name(tensor.name, layer_names)
         if hf_name is None:
-            raise fields.refuse(f"tensors.{name}", "this tensor is outside the Llama "
-                                "architecture (rope frequencies, biases, ...)",
-                                expected="the Llama weights", remedy="")
+            raise fields.refuse(f"tensors.{name}", "this tensor is outside the exported "
+                                "architecture (rope frequencies or factors, biases, ...)",
+                                expected=f"the weights of a {arch} model",
+                                remedy=FAMILIES_REMEDY)
         if kind not in QUANT_TYPES:
             raise fields.refuse(f"tensors.{name}.type", "this tensor type is not supported",
                                 kind, ", ".join(QUANT_TYPES), remedy="")
@@ -242,7 +256,10 @@ def _checked_tensors(tensors: list[Any], config: LlamaConfig,
                             "of layers", config.num_hidden_layers,
                             f"{num_layers} (the layers whose tensors the file holds)")
     shapes = target_shapes(config)
-    shapes[LM_HEAD] = shapes[EMBEDDING]  # an untied output.weight is refused at export
+    if family is not None and family.is_fused:  # q/k/v and gate/up as the file holds them
+        shapes = fused_shapes(config, shapes)
+    optional = set() if LM_HEAD in shapes else {LM_HEAD}
+    shapes[LM_HEAD] = shapes[EMBEDDING]  # tied: an output.weight unequal is refused at export
     for tensor, hf_name in named:
         dims = [int(n) for n in tensor.shape]  # GGUF lists ne0 first
         if hf_name not in shapes or tuple(reversed(dims)) != shapes[hf_name]:
@@ -251,7 +268,7 @@ def _checked_tensors(tensors: list[Any], config: LlamaConfig,
                                 "disagrees with the sizes the metadata declares (llama."
                                 "embedding_length, vocab_size, head counts, "
                                 "feed_forward_length)", dims, f"{expected} (ne0 first)")
-    missing = sorted(set(shapes) - {name for _, name in named} - {LM_HEAD})
+    missing = sorted(set(shapes) - {name for _, name in named} - optional)
     if missing:
         raise fields.refuse("tensors", "the file lacks tensors of the declared model",
                             missing, "every Llama weight of the declared sizes")
@@ -276,7 +293,9 @@ def _check_context(config: LlamaConfig, num_weight_values: int, fields: _Fields)
 
 
 def _weights(tensors: list[tuple[Any, str]], config: LlamaConfig, file: str,
-             progress: Progress | None) -> dict[str, np.ndarray]:
+             progress: Progress | None, permuted: bool = True) -> dict[str, np.ndarray]:
+    """The tensors dequantized, in HF layout (``permuted``: q/k rows as llama.cpp's Llama
+    converter writes them, put back in halves)."""
     from gguf import quants
 
     weights: dict[str, np.ndarray] = {}
@@ -293,9 +312,9 @@ def _weights(tensors: list[tuple[Any, str]], config: LlamaConfig, file: str,
         if not np.isfinite(array).all():
             raise ImporterError("the tensor holds non-finite values (NaN or infinity)",
                                 file=file, path=f"tensors.{name}", value=kind, remedy=REMEDY)
-        if name.endswith("attn_q.weight"):
+        if permuted and name.endswith("attn_q.weight"):
             array = unpermute_rows(array, config.num_attention_heads)
-        elif name.endswith("attn_k.weight"):
+        elif permuted and name.endswith("attn_k.weight"):
             array = unpermute_rows(array, config.num_key_value_heads)
         weights[hf_name] = np.ascontiguousarray(array)
         if progress is not None:
