@@ -1,0 +1,331 @@
+"""Tiny random Gemma 2, Gemma 3 and Phi-3 checkpoints written in code, a numpy reference of
+each architecture written from its description (not from the exporter), and a runner that
+takes an imported package's logits through its own caches.
+
+    folder = write_hf_folder(tmp / "hf", "gemma2")     # config.json + model.safetensors
+    path = write_gguf_file(tmp / "m.gguf", "gemma2")   # as llama.cpp's converter writes it
+    expected = reference_logits(HF_CONFIGS["gemma2"], hf_weights("gemma2"), IDS)
+    actual = package_logits(import_model(folder, tmp / "p"), IDS, PREFILL)
+
+Each model has a sliding window (3) smaller than the sequence (:data:`IDS`, 10 tokens), so
+the window changes the logits; Gemma 3 has six layers, the sixth global, and a global RoPE
+base far from the local one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import onnxruntime as ort
+from gguf import GGMLQuantizationType as Q
+from gguf_models import BOS_ID, CHAT_TEMPLATE, EOS_ID, MERGES, SPECIALS, TOKENS
+
+from speculant_tools.importers.gguf_vocab import build_tokenizer
+
+IDS = [7, 3, 41, 12, 25, 9, 30, 5, 18, 44]  # prefill PREFILL of them, then one per step
+PREFILL = 7
+COMMON = {"vocab_size": len(TOKENS), "hidden_size": 32, "intermediate_size": 64,
+          "max_position_embeddings": 64, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
+          "pad_token_id": 0, "attention_bias": False, "torch_dtype": "float32"}
+HF_CONFIGS = {
+    "gemma2": {**COMMON, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+               "rope_theta": 10000.0, "query_pre_attn_scalar": 24, "sliding_window": 3,
+               "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+               "tie_word_embeddings": True},
+    "gemma3": {**COMMON, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+               "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 1,
+               "head_dim": 16, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+               "rope_theta": 100.0, "rope_local_base_freq": 10000.0,
+               "query_pre_attn_scalar": 16, "sliding_window": 3, "sliding_window_pattern": 6,
+               "attn_logit_softcapping": None, "final_logit_softcapping": None,
+               "rope_scaling": None, "tie_word_embeddings": True},
+    "phi3": {**COMMON, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+             "rope_scaling": None, "original_max_position_embeddings": 64,
+             "sliding_window": 3, "tie_word_embeddings": False},
+}
+GGUF_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3"}
+
+
+def head_dim(cfg: dict) -> int:
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def is_gemma(cfg: dict) -> bool:
+    return cfg["model_type"].startswith("gemma")
+
+
+def hf_weights(family: str, seed: int = 11) -> dict[str, np.ndarray]:
+    """Random float32 weights under the family's own Hugging Face names (Phi-3's fused)."""
+    cfg = HF_CONFIGS[family]
+    rng = np.random.default_rng(seed)
+    h, f, d = cfg["hidden_size"], cfg["intermediate_size"], head_dim(cfg)
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        return (1.5 * rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    def norm(size: int) -> np.ndarray:  # Gemma scales by 1 + w
+        base = 0.0 if is_gemma(cfg) else 1.0
+        return (base + 0.2 * rng.standard_normal(size)).astype(np.float32)
+
+    weights = {"model.embed_tokens.weight": rng.standard_normal((cfg["vocab_size"], h))
+               .astype(np.float32), "model.norm.weight": norm(h)}
+    if not cfg["tie_word_embeddings"]:
+        weights["lm_head.weight"] = matrix(cfg["vocab_size"], h)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        weights.update({f"{p}.input_layernorm.weight": norm(h),
+                        f"{p}.post_attention_layernorm.weight": norm(h),
+                        f"{p}.self_attn.o_proj.weight": matrix(h, q),
+                        f"{p}.mlp.down_proj.weight": matrix(h, f)})
+        if family == "phi3":
+            weights[f"{p}.self_attn.qkv_proj.weight"] = matrix(q + 2 * kv, h)
+            weights[f"{p}.mlp.gate_up_proj.weight"] = matrix(2 * f, h)
+            continue
+        weights.update({f"{p}.self_attn.q_proj.weight": matrix(q, h),
+                        f"{p}.self_attn.k_proj.weight": matrix(kv, h),
+                        f"{p}.self_attn.v_proj.weight": matrix(kv, h),
+                        f"{p}.mlp.gate_proj.weight": matrix(f, h),
+                        f"{p}.mlp.up_proj.weight": matrix(f, h),
+                        f"{p}.pre_feedforward_layernorm.weight": norm(h),
+                        f"{p}.post_feedforward_layernorm.weight": norm(h)})
+        if family == "gemma3":
+            weights[f"{p}.self_attn.q_norm.weight"] = norm(d)
+            weights[f"{p}.self_attn.k_norm.weight"] = norm(d)
+    return weights
+
+
+def tokenizer_json() -> str:
+    types = [3 if t in SPECIALS else 1 for t in TOKENS]
+    return build_tokenizer(TOKENS, MERGES, types, pre="smollm", bos_id=BOS_ID,
+                           add_bos=False).to_str()
+
+
+def write_hf_folder(folder: Path, family: str, config: dict | None = None) -> Path:
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    save_file(hf_weights(family), str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config or HF_CONFIGS[family]))
+    (folder / "tokenizer.json").write_text(tokenizer_json())
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": TOKENS[BOS_ID], "eos_token": TOKENS[EOS_ID],
+         "chat_template": CHAT_TEMPLATE}))
+    return folder
+
+
+# -- GGUF, as llama.cpp's convert_hf_to_gguf.py writes these families ---------------------
+GGUF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def _gguf_name(name: str, family: str) -> str:
+    if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        return {"model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}[name]
+    _, _, layer, rest = name.split(".", 3)
+    rest = rest.removesuffix(".weight")
+    if rest == "post_attention_layernorm":  # Llama's pre-MLP norm; Gemma's attention output's
+        short = "post_attention_norm" if family.startswith("gemma") else "ffn_norm"
+    else:
+        short = GGUF_LAYER_NAMES[rest]
+    return f"blk.{layer}.{short}.weight"
+
+
+def gguf_config(family: str) -> dict:
+    """The Hugging Face configuration a GGUF of ``family`` amounts to: llama.cpp derives
+    Gemma's attention scale from head_dim (below 27B) and fixes Gemma 3's local base."""
+    cfg = dict(HF_CONFIGS[family])
+    if family.startswith("gemma"):
+        cfg["query_pre_attn_scalar"] = head_dim(cfg)
+    return cfg
+
+
+def write_gguf_file(path: Path, family: str, extra: dict[str, np.ndarray] | None = None
+                    ) -> Path:
+    """``hf_weights(family)`` in a GGUF of the family's architecture (float32 tensors):
+    Gemma's norms stored as ``1 + w``, q/k rows unpermuted, Phi-3's fused weights kept."""
+    cfg = gguf_config(family)
+    arch = GGUF_ARCHS[family]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_key_length(head_dim(cfg))
+    writer.add_value_length(head_dim(cfg))
+    writer.add_rope_dimension_count(head_dim(cfg))
+    writer.add_rope_freq_base(cfg["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_sliding_window(cfg["sliding_window"])
+    if cfg.get("attn_logit_softcapping"):
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    if cfg.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    writer.add_vocab_size(cfg["vocab_size"])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(TOKENS)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in TOKENS])
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(BOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    for name, array in hf_weights(family).items():
+        if is_gemma(cfg) and name.endswith("norm.weight"):
+            array = array + np.float32(1.0)  # the converter's norm shift
+        writer.add_tensor(_gguf_name(name, family), array.astype(np.float32), raw_dtype=Q.F32)
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array.astype(np.float32), raw_dtype=Q.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# -- the reference ---------------------------------------------------------------------------
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+    """``x`` [heads, s, d] rotated in halves at ``positions``."""
+    d = x.shape[-1]
+    angles = np.outer(positions, 1.0 / theta ** (np.arange(0, d, 2) / d))
+    angles = np.concatenate([angles, angles], axis=-1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * np.cos(angles) + np.concatenate([-x2, x1], axis=-1) * np.sin(angles)
+
+
+def is_sliding(cfg: dict, layer: int) -> bool:
+    if cfg.get("sliding_window") is None:
+        return False
+    if cfg["model_type"] == "gemma2":
+        return layer % 2 == 0
+    if cfg["model_type"] == "gemma3_text":
+        return (layer + 1) % cfg.get("sliding_window_pattern", 6) != 0
+    return True  # Phi-3: every layer
+
+
+def reference_logits(cfg: dict, weights: dict[str, np.ndarray], ids: list[int],
+                     sliding: bool = True) -> np.ndarray:
+    """Logits [T, vocab] float64 of the whole sequence ``ids`` from ``cfg`` (a
+    ``config.json`` mapping of Gemma 2, Gemma 3 or Phi-3) and its own weights.
+    ``sliding=False`` ignores the window (to show that it matters)."""
+    w = {name: np.asarray(a, np.float64) for name, a in weights.items()}
+    gemma, eps = is_gemma(cfg), cfg["rms_norm_eps"]
+    h, d = cfg["hidden_size"], head_dim(cfg)
+    num_heads, num_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    q_rows, kv_rows, f = num_heads * d, num_kv * d, cfg["intermediate_size"]
+
+    def norm(x, weight):
+        scale = 1.0 + weight if gemma else weight
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+    def heads(x, n):
+        return x.reshape(len(x), n, d).transpose(1, 0, 2)  # [n, s, d]
+
+    n = len(ids)
+    positions = np.arange(n)
+    x = w["model.embed_tokens.weight"][ids]
+    if gemma:
+        x = x * float(np.float32(np.sqrt(h)))
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        if f"{p}.self_attn.qkv_proj.weight" in w:  # Phi-3: rows q, k, v; gate, up
+            wq, wk, wv = np.split(w[f"{p}.self_attn.qkv_proj.weight"],
+                                  [q_rows, q_rows + kv_rows])
+            gate_w, up_w = np.split(w[f"{p}.mlp.gate_up_proj.weight"], [f])
+        else:
+            wq, wk, wv = (w[f"{p}.self_attn.{c}_proj.weight"] for c in "qkv")
+            gate_w, up_w = w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]
+        a = norm(x, w[f"{p}.input_layernorm.weight"])
+        q, k, v = heads(a @ wq.T, num_heads), heads(a @ wk.T, num_kv), heads(a @ wv.T, num_kv)
+        if f"{p}.self_attn.q_norm.weight" in w:
+            q, k = norm(q, w[f"{p}.self_attn.q_norm.weight"]), \
+                norm(k, w[f"{p}.self_attn.k_norm.weight"])
+        layer_sliding = sliding and is_sliding(cfg, i)
+        theta = cfg["rope_theta"]
+        if cfg["model_type"] == "gemma3_text" and is_sliding(cfg, i):
+            theta = cfg["rope_local_base_freq"]
+        q, k = rope(q, positions, theta), rope(k, positions, theta)
+        k, v = (np.repeat(t, num_heads // num_kv, axis=0) for t in (k, v))
+        scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else d ** -0.5
+        scores = q @ k.transpose(0, 2, 1) * scale
+        if cfg.get("attn_logit_softcapping"):
+            cap = cfg["attn_logit_softcapping"]
+            scores = cap * np.tanh(scores / cap)
+        visible = positions[None, :] <= positions[:, None]
+        if layer_sliding:
+            visible &= positions[None, :] > positions[:, None] - cfg["sliding_window"]
+        scores = np.where(visible, scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        out = (probs @ v).transpose(1, 0, 2).reshape(n, -1) @ w[f"{p}.self_attn.o_proj.weight"].T
+        act = gelu_tanh if gemma else (lambda g: g / (1 + np.exp(-g)))
+        if gemma:
+            x = x + norm(out, w[f"{p}.post_attention_layernorm.weight"])
+            m = norm(x, w[f"{p}.pre_feedforward_layernorm.weight"])
+            m = (act(m @ gate_w.T) * (m @ up_w.T)) @ w[f"{p}.mlp.down_proj.weight"].T
+            x = x + norm(m, w[f"{p}.post_feedforward_layernorm.weight"])
+        else:
+            x = x + out
+            m = norm(x, w[f"{p}.post_attention_layernorm.weight"])
+            x = x + (act(m @ gate_w.T) * (m @ up_w.T)) @ w[f"{p}.mlp.down_proj.weight"].T
+    x = norm(x, w["model.norm.weight"])
+    logits = x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+    if cfg.get("final_logit_softcapping"):
+        cap = cfg["final_logit_softcapping"]
+        logits = cap * np.tanh(logits / cap)
+    return logits
+
+
+# -- the package's logits, through its own caches ----------------------------------------
+def package_logits(root: Path, ids: list[int], prefill: int, capacity: int = 16
+                   ) -> np.ndarray:
+    """Logits [T, vocab] float64 of ``root``'s decoder: ``ids[:prefill]`` in one pass, then
+    one token per pass, each pass fed the caches the previous one returned (appended: the
+    presents; static: the buffers, ``cache_lengths`` the tokens before the pass)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(root / "decoder" / "model.onnx"), options,
+                                   providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    is_static = "cache_lengths" in inputs
+    dtype = np.float16 if "float16" in inputs["past_key_values.0.key"].type else np.float32
+    past = {}
+    for name, info in inputs.items():
+        if name.startswith("past_key_values."):
+            kv, d = info.shape[1], info.shape[3]
+            past[name] = np.zeros((1, kv, capacity if is_static else 0, d), dtype)
+    rows, start = [], 0
+    for block in [ids[:prefill], *([t] for t in ids[prefill:])]:
+        feed = {"input_ids": np.array([block], np.int64),
+                "position_ids": np.arange(start, start + len(block), dtype=np.int64)[None],
+                **past}
+        if is_static:
+            feed["cache_lengths"] = np.array([start], np.int64)
+        else:
+            feed["attention_mask"] = np.ones((1, start + len(block)), np.int64)
+        names = [o.name for o in session.get_outputs()]
+        outputs = dict(zip(names, session.run(names, feed), strict=True))
+        rows.append(outputs["logits"][0].astype(np.float64))
+        past = {name: outputs[name.replace("past_key_values", "present")] for name in past}
+        start += len(block)
+    return np.concatenate(rows)

@@ -1,0 +1,174 @@
+"""Gemma 2, Gemma 3 and Phi-3 import from Hugging Face folders and GGUF files: the package's
+logits (a prefill, then decode steps through its own caches, appended and static, node by
+node and fused) equal a numpy reference of each architecture written in the tests, and
+transformers' model where transformers and torch are installed; a field outside the exported
+architecture is refused by name, with what to do."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from family_models import (
+    HF_CONFIGS,
+    IDS,
+    PREFILL,
+    gguf_config,
+    hf_weights,
+    package_logits,
+    reference_logits,
+    write_gguf_file,
+    write_hf_folder,
+)
+
+from speculant_tools.importers import ImporterError, import_model, read_checkpoint
+
+FAMILIES = ("gemma2", "gemma3", "phi3")
+# (source, cache, dtype, graph): every graph form the exporter writes
+FORMS = [("hf", "appended", "float32", "explicit"), ("hf", "static", "float32", "explicit"),
+         ("hf", "appended", "float32", "fused"), ("hf", "static", "float32", "fused"),
+         ("gguf", "static", "float32", "explicit"), ("gguf", "appended", "float32", "fused"),
+         ("hf", "static", "float16", "auto")]
+
+
+def _source(tmp_path, family: str, source: str):
+    if source == "hf":
+        return write_hf_folder(tmp_path / "hf", family), HF_CONFIGS[family]
+    return write_gguf_file(tmp_path / "model.gguf", family), gguf_config(family)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_window_and_the_variations_matter(family):
+    """The reference with its sliding window differs from the same model without it, and
+    from a plain Llama reading of the same weights would (so the equalities below are not
+    vacuous): the sequence is longer than the window."""
+    cfg, weights = HF_CONFIGS[family], hf_weights(family)
+    windowed = reference_logits(cfg, weights, IDS)
+    assert not np.allclose(windowed, reference_logits(cfg, weights, IDS, sliding=False),
+                           atol=1e-3)
+    assert len(IDS) > cfg["sliding_window"]
+
+
+@pytest.mark.parametrize("source, cache, dtype, graph", FORMS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_the_numpy_reference(tmp_path, family, source, cache, dtype, graph):
+    path, cfg = _source(tmp_path, family, source)
+    package = import_model(path, tmp_path / "package", dtype=dtype, cache=cache, graph=graph)
+    expected = reference_logits(cfg, hf_weights(family), IDS)
+    actual = package_logits(package, IDS, PREFILL)
+    scale = np.abs(expected).max()
+    tolerance = 2e-2 * scale if dtype == "float16" else 2e-4 * scale
+    np.testing.assert_allclose(actual, expected, atol=tolerance, rtol=0)
+    assert (actual.argmax(-1) == expected.argmax(-1)).mean() >= (0.8 if dtype == "float16"
+                                                                 else 1.0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_and_gguf_read_the_same_model(tmp_path, family):
+    """The two sources of one model give one configuration (up to what a GGUF does not
+    carry) and the same weights: Gemma's GGUF norms hold 1 + w, imported with offset 0;
+    Phi-3's fused weights split in both."""
+    hf = read_checkpoint(write_hf_folder(tmp_path / "hf", family))
+    gg = read_checkpoint(write_gguf_file(tmp_path / "m.gguf", family))
+    offset = hf.config.norm_weight_offset
+    assert gg.config.norm_weight_offset == 0.0 and offset == (1.0 if family != "phi3" else 0.0)
+    assert sorted(hf.weights) == sorted(gg.weights)
+    for name, array in hf.weights.items():
+        shift = offset if name.endswith("norm.weight") else 0.0
+        np.testing.assert_allclose(gg.weights[name], array + shift, rtol=0, atol=1e-6,
+                                   err_msg=name)
+    assert hf.config.sliding_layers == gg.config.sliding_layers
+    assert hf.config.rope_local_base_freq == gg.config.rope_local_base_freq
+
+
+def test_phi3_weights_are_split_in_order(tmp_path):
+    weights = hf_weights("phi3")
+    checkpoint = read_checkpoint(write_hf_folder(tmp_path / "hf", "phi3"))
+    qkv = weights["model.layers.1.self_attn.qkv_proj.weight"]
+    parts = [checkpoint.weights[f"model.layers.1.self_attn.{c}_proj.weight"] for c in "qkv"]
+    assert [p.shape[0] for p in parts] == [32, 16, 16]
+    np.testing.assert_array_equal(np.concatenate(parts), qkv)
+    gate_up = weights["model.layers.0.mlp.gate_up_proj.weight"]
+    np.testing.assert_array_equal(checkpoint.weights["model.layers.0.mlp.gate_proj.weight"],
+                                  gate_up[:64])
+    assert not checkpoint.config.tie_word_embeddings
+
+
+def test_gemma3_layers_and_rope_bases(tmp_path):
+    config = read_checkpoint(write_hf_folder(tmp_path / "hf", "gemma3")).config
+    assert config.sliding_layers == (True,) * 5 + (False,)
+    assert (config.rope_theta, config.rope_local_base_freq) == (100.0, 10000.0)
+    assert config.qk_norm and config.post_norms and config.hidden_act == "gelu_pytorch_tanh"
+
+
+# -- transformers -------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers(tmp_path, family):
+    torch = pytest.importorskip("torch", reason="transformers' check needs torch")
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    folder = write_hf_folder(tmp_path / "hf", family)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([IDS])).logits[0].double().numpy()
+    np.testing.assert_allclose(expected, reference_logits(HF_CONFIGS[family],
+                                                          hf_weights(family), IDS),
+                               atol=1e-4 * np.abs(expected).max(), rtol=0)
+    for cache in ("appended", "static"):
+        package = import_model(folder, tmp_path / cache, cache=cache)
+        np.testing.assert_allclose(package_logits(package, IDS, PREFILL), expected,
+                                   atol=2e-4 * np.abs(expected).max(), rtol=0)
+
+
+# -- refused, by name ---------------------------------------------------------------------
+@pytest.mark.parametrize("family, change, field", [
+    ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+     "config.rope_scaling.rope_type"),
+    ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 8,
+                               "short_factor": [1.0] * 8}}, "config.rope_scaling.rope_type"),
+    ("phi3", {"partial_rotary_factor": 0.75}, "config.partial_rotary_factor"),
+    ("gemma2", {"hidden_activation": "relu"}, "config.hidden_activation"),
+    ("gemma2", {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]},
+     "model_type"),
+])
+def test_unsupported_fields_are_refused_with_a_remedy(tmp_path, family, change, field):
+    folder = write_hf_folder(tmp_path / "hf", family, {**HF_CONFIGS[family], **change})
+    with pytest.raises(ImporterError) as caught:
+        import_model(folder, tmp_path / "out")
+    problem = caught.value.problems[0]
+    assert caught.value.paths == [field]
+    assert problem.file.endswith("config.json") and problem.remedy
+    assert not (tmp_path / "out").exists()
+
+
+def test_phi3_longrope_gguf_is_refused_by_tensor(tmp_path):
+    path = write_gguf_file(tmp_path / "m.gguf", "phi3",
+                           extra={"rope_factors_long.weight": np.ones(8)})
+    with pytest.raises(ImporterError) as caught:
+        import_model(path, tmp_path / "out")
+    assert caught.value.paths == ["tensors.rope_factors_long.weight"]
+
+
+def test_a_plain_llama_package_is_unchanged(tmp_path):
+    """The variations' defaults write nothing new: a Llama config's JSON has none of them."""
+    from gguf_models import CONFIG
+
+    assert set(json.loads(CONFIG.to_json())) == {
+        "head_dim", "hidden_size", "intermediate_size", "max_position_embeddings",
+        "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "rms_norm_eps",
+        "rope_theta", "vocab_size"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_engine_decodes_the_reference_greedy_tokens(tmp_path, family):
+    """The runtime drives an imported package (static caches, the import's default) to the
+    reference's greedy continuation, recomputed from scratch at every step."""
+    import speculant
+
+    package = import_model(write_hf_folder(tmp_path / "hf", family), tmp_path / "package")
+    cfg, weights, ids = HF_CONFIGS[family], hf_weights(family), list(IDS[:4])
+    for _ in range(6):
+        ids.append(int(reference_logits(cfg, weights, ids)[-1].argmax()))
+    result = speculant.load(package).generate(IDS[:4], 6, stop_on_eos=False)
+    assert result.token_ids == ids[4:]
