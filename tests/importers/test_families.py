@@ -172,3 +172,41 @@ def test_the_engine_decodes_the_reference_greedy_tokens(tmp_path, family):
         ids.append(int(reference_logits(cfg, weights, ids)[-1].argmax()))
     result = speculant.load(package).generate(IDS[:4], 6, stop_on_eos=False)
     assert result.token_ids == ids[4:]
+
+
+def test_convert_keeps_the_family_and_export_hf_refuses_it(tmp_path):
+    """A Phi-3 package converts to float16 as any other (its configuration travels in the
+    graph); writing it back as a Llama config.json is refused by field."""
+    from speculant_tools.export import ExportError, convert, export_hf
+
+    package = import_model(write_hf_folder(tmp_path / "hf", "phi3"), tmp_path / "package",
+                           graph="explicit")
+    half = convert(package, tmp_path / "half", "float16")
+    expected = reference_logits(HF_CONFIGS["phi3"], hf_weights("phi3"), IDS)
+    np.testing.assert_allclose(package_logits(half, IDS, PREFILL), expected,
+                               atol=2e-2 * np.abs(expected).max(), rtol=0)
+    with pytest.raises(ExportError) as caught:
+        export_hf(package, tmp_path / "back")
+    assert caught.value.paths == ["config.tie_word_embeddings"]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"layer_types": ("full_attention",)}, "config.layer_types"),
+    ({"layer_types": ("sliding_attention", "local")}, "config.layer_types"),
+    ({"layer_types": ("sliding_attention", "full_attention")}, "config.sliding_window"),
+    ({"hidden_act": "relu"}, "config.hidden_act"),
+    ({"attn_logit_softcapping": 0.0}, "config.attn_logit_softcapping"),
+    ({"embedding_multiplier": float("nan")}, "config.embedding_multiplier"),
+    ({"norm_weight_offset": float("inf")}, "config.norm_weight_offset"),
+    ({"sliding_window": 0}, "config.sliding_window"),
+])
+def test_invalid_variations_are_refused_by_field(change, field):
+    from dataclasses import replace
+
+    from gguf_models import CONFIG
+
+    from speculant_tools.export import ExportError
+
+    with pytest.raises(ExportError) as caught:
+        replace(CONFIG, **change)
+    assert caught.value.paths == [field]
