@@ -17,7 +17,7 @@ zero point and 4-bit codes:
 * Q3_K: sub-blocks of 16, ``w = d * (sc - 32) * q3`` with ``q3`` in [-4, 3]: 4-bit, block 16,
   code ``q3 + 8``, scale ``d * (sc - 32)`` (exact in float32).
 
-Every other type is widened to float32. Measured on this project's CPU (ONNX Runtime 1.23,
+Every other type is widened to float32. Measured on this project's CPU (ONNX Runtime 1.32,
 one thread, a 576 x 1536 weight, one token; docs/design/import.md): MatMul float32 90 us,
 MatMulNBits 4-bit without zero points 184 us, 4-bit with float zero points (what Q4_1,
 Q4_K and Q2_K's ``scale * q - min`` needs) 1867 us, 8-bit (what Q8_0, Q5_0, Q6_K need)

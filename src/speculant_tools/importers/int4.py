@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from speculant_tools.importers.gguf_quant import NBits
 
 MS_DOMAIN = "com.microsoft"
+INLINE_LIMIT = 1 << 30  # bytes of initializers written inside the protobuf (limit: 2 GiB)
 
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 1  # float32 compute: a k-token pass equals k one-token passes
@@ -103,8 +104,6 @@ def keep_nbits(path: Path, weights: Mapping[str, NBits]) -> int:
     and scales (``gguf_quant.NBits``: no zero point, float32 compute); returns their count.
     Other weights keep their names and layout; a weight packed with others (the fused graph's
     q/k/v Concat) stays float."""
-    from speculant_tools.export.package import write_graph
-
     model = onnx.load(str(path), load_external_data=False)
     external_data_helper.load_external_data_for_model(model, str(path.parent))
     producers = {output: node for node in model.graph.node for output in node.output}
@@ -135,8 +134,21 @@ def keep_nbits(path: Path, weights: Mapping[str, NBits]) -> int:
     model.graph.initializer.extend(live)
     if added and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
-    write_graph(model, path)
+    _save(model, path)
     return len(added) // 2
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    """``model`` at ``path``: inline, or with its initializers in ``<name>.data`` beside it
+    where they would not fit one protobuf (as export.package.write_graph writes them)."""
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    size = sum(t.ByteSize() for t in model.graph.initializer)
+    if size < INLINE_LIMIT:
+        onnx.save(model, str(path))
+    else:
+        onnx.save_model(model, str(path), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=data.name, size_threshold=1024)
 
 
 def check_drafter_quantization(quantization: str | None, package: Path,
