@@ -124,7 +124,10 @@ def import_command(
                                                    "the target's).")] = None,
     quantize: Annotated[str | None, typer.Option(help="int4: the target's linear layers as "
                                                       "MatMulNBits (float32 compute, so "
-                                                      "speculation stays exact).")] = None,
+                                                      "speculation stays exact); float: "
+                                                      "every weight widened to --dtype (a "
+                                                      "GGUF's Q4_0/Q3_K layers are otherwise "
+                                                      "kept as MatMulNBits).")] = None,
     graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
     cache: Annotated[str | None, typer.Option(
         help="The KV caches' form: static (fixed-capacity buffers written in place, rollback "
@@ -151,7 +154,7 @@ def import_command(
         fail(error)
         return
     stderr.print(escape(f"wrote {out}" + (f" ({dtype})" if dtype else "")
-                        + (" (int4 weights)" if quantize else "")),
+                        + (f" ({quantize} weights)" if quantize else "")),
                  highlight=False)
 
 

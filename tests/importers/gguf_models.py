@@ -48,10 +48,10 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def random_weights(seed: int = 7) -> dict[str, np.ndarray]:
+def random_weights(seed: int = 7, config: LlamaConfig = CONFIG) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     weights = {}
-    for name, shape in target_shapes(CONFIG).items():
+    for name, shape in target_shapes(config).items():
         if len(shape) == 1:
             weights[name] = 1.0 + 0.1 * rng.standard_normal(shape)
             if name == "model.norm.weight":
@@ -79,30 +79,61 @@ def _gguf_name(name: str) -> str:
 
 
 def _stored(array: np.ndarray, kind: Q) -> np.ndarray:
-    """What the file holds for ``array``: quantized bytes, float16 or float32."""
-    if kind == Q.F32:
-        return array.astype(np.float32)
-    if kind == Q.F16:
-        return array.astype(np.float16)
-    return quants.quantize(array, kind)
+    """What the file holds for ``array``: quantized bytes, float16, float32 or float64; for a
+    type gguf cannot quantize in numpy, random valid blocks of the same shape."""
+    if kind in FLOATS:
+        return array.astype(FLOATS[kind])
+    try:
+        return quants.quantize(array, kind)
+    except NotImplementedError:
+        seed = int(np.abs(array).sum() * 1e6) % (1 << 32)  # distinct tensors, distinct bytes
+        return random_blocks(array.shape, kind, np.random.default_rng(seed))
 
 
-def stored_weights(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+FLOATS = {Q.F32: np.float32, Q.F16: np.float16, Q.F64: np.float64}
+BLOCK_BOUND = 2.0  # random blocks are drawn until each dequantizes to |x| <= this
+
+
+def random_blocks(shape: tuple[int, ...], kind: Q, rng: np.random.Generator) -> np.ndarray:
+    """Bytes of ``kind`` for a tensor of ``shape`` (ne0 last): uniform random bytes, each
+    block drawn again until gguf dequantizes it to finite values within BLOCK_BOUND (so every
+    float16 scale is a valid, moderate number). Types gguf cannot dequantize: random bytes."""
+    block_size, type_size = gguf.GGML_QUANT_SIZES[kind]
+    blocks = rng.integers(0, 256, (int(np.prod(shape)) // block_size, type_size), np.uint8)
+    for _ in range(1000):
+        try:
+            with np.errstate(all="ignore"):
+                values = quants.dequantize(blocks, kind).reshape(len(blocks), -1)
+        except NotImplementedError:
+            break
+        bad = ~(np.isfinite(values) & (np.abs(values) <= BLOCK_BOUND)).all(axis=1)
+        if not bad.any():
+            break
+        blocks[bad] = rng.integers(0, 256, (int(bad.sum()), type_size), np.uint8)
+    return blocks.reshape(*shape[:-1], shape[-1] // block_size * type_size)
+
+
+def stored_weights(weights: dict[str, np.ndarray],
+                   kinds: dict[str, Q] | None = None) -> dict[str, np.ndarray]:
     """The HF-layout weights a reader of the file gets back (quantization applied)."""
     out = {}
     for name, array in weights.items():
-        kind = _kind(name)
-        out[name] = np.asarray(quants.dequantize(_stored(array, kind), kind), np.float32)
+        kind = (kinds or {}).get(name, _kind(name))
+        stored = _stored(array, kind)
+        values = stored if kind in FLOATS else quants.dequantize(stored, kind)
+        out[name] = np.asarray(values, np.float32).reshape(array.shape)
     return out
 
 
 def write_gguf(path: Path, weights: dict[str, np.ndarray], *, arch: str = "llama",
                edit: Callable[[gguf.GGUFWriter], None] | None = None,
                kinds: dict[str, Q] | None = None, permute: bool = True,
-               tokenizer_model: str = "gpt2") -> Path:
+               tokenizer_model: str = "gpt2", config: LlamaConfig = CONFIG,
+               vocabulary: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
     """A GGUF of ``weights`` (HF names) as llama.cpp's converter writes one. ``edit`` adds
-    keys (an unsupported field); ``kinds`` overrides the stored type per HF name."""
-    c = CONFIG
+    keys (an unsupported field); ``kinds`` overrides the stored type per HF name;
+    ``vocabulary`` writes the tokenizer keys in place of the gpt2 one here."""
+    c = config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c.num_hidden_layers)
     writer.add_context_length(c.max_position_embeddings)
@@ -114,14 +145,17 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], *, arch: str = "llama
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_rope_dimension_count(c.head_dim)
     writer.add_vocab_size(c.vocab_size)
-    writer.add_tokenizer_model(tokenizer_model)
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(TOKENS)
-    writer.add_token_types([3 if t in SPECIALS else 1 for t in TOKENS])
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(BOS_ID)
-    writer.add_eos_token_id(EOS_ID)
-    writer.add_add_bos_token(False)
+    if vocabulary is not None:
+        vocabulary(writer)
+    else:
+        writer.add_tokenizer_model(tokenizer_model)
+        writer.add_tokenizer_pre("smollm")
+        writer.add_token_list(TOKENS)
+        writer.add_token_types([3 if t in SPECIALS else 1 for t in TOKENS])
+        writer.add_token_merges(MERGES)
+        writer.add_bos_token_id(BOS_ID)
+        writer.add_eos_token_id(EOS_ID)
+        writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
     if edit is not None:
         edit(writer)

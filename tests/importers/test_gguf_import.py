@@ -16,7 +16,6 @@ from onnx import numpy_helper
 
 import speculant
 from export.export_reference import greedy, target_forward
-from speculant_tools.export import read_weights
 from speculant_tools.importers import ImporterError, import_model, read_checkpoint
 from speculant_tools.importers.gguf_file import _hf_name, permute_rows, unpermute_rows
 
@@ -63,10 +62,35 @@ def decode_q4_1(raw: np.ndarray) -> np.ndarray:
 DECODERS = {Q.Q8_0: decode_q8_0, Q.Q4_0: decode_q4_0, Q.Q4_1: decode_q4_1}
 
 
+def graph_weights(root) -> dict[str, np.ndarray]:
+    """The HF weights the decoder graph computes with: float initializers by name, and each
+    MatMulNBits' blocks decoded here (two 4-bit values per byte, low nibble first; no zero
+    point: w = (q - 8) * scale, one scale per block_size values)."""
+    model = onnx.load(str(root / "decoder" / "model.onnx"))
+    tensors = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        assert (attrs["bits"], attrs["accuracy_level"], len(node.input)) == (4, 1, 3)
+        packed, scales = tensors[node.input[1]], tensors[node.input[2]]  # [N, blocks, b/2]
+        q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(attrs["N"], -1)
+        w = (q.astype(np.float32) - 8) * np.repeat(scales.reshape(attrs["N"], -1),
+                                                   attrs["block_size"], axis=1)
+        tensors[node.input[1].removesuffix(".nbits").removesuffix(".T_Q4")] = \
+            w[:, :attrs["K"]]
+    return tensors
+
+
 def test_quantized_tensors_dequantize_exactly(gguf_path, imported):
     """Each Q8_0 / Q4_0 / Q4_1 / F16 / F32 tensor as ggml's block layout defines it (decoded
-    here from the bytes in the file), bit for bit, in the package's graph."""
-    config, target, _ = read_weights(imported)
+    here from the bytes in the file), bit for bit, in the package's graph: the Q4_0 linear
+    layers as MatMulNBits (kept quantized), the others as float32 initializers."""
+    target = graph_weights(imported)
+    kept = {n.input[1].removesuffix(".nbits") for n in onnx.load(
+        str(imported / "decoder" / "model.onnx")).graph.node if n.op_type == "MatMulNBits"}
+    assert kept == {f"model.layers.{i}.{p}.weight" for i in range(CONFIG.num_hidden_layers)
+                    for p in ("self_attn.q_proj", "mlp.up_proj")}  # the Q4_0 ones
     reader = gguf.GGUFReader(gguf_path)
     seen = set()
     for tensor in reader.tensors:
@@ -82,7 +106,7 @@ def test_quantized_tensors_dequantize_exactly(gguf_path, imported):
         np.testing.assert_array_equal(target[name].reshape(-1), expected, err_msg=tensor.name)
         seen.add(kind.name)
     assert seen == {"Q8_0", "Q4_0", "Q4_1", "F16", "F32"}
-    assert config == CONFIG
+    assert read_checkpoint(gguf_path).config == CONFIG
 
 
 def _hf(name: str) -> str:
@@ -167,9 +191,9 @@ def test_float16_import_runs(gguf_path, tmp_path):
     ("qwen2", None, None, "gpt2", "general.architecture"),
     ("llama", lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.YARN), None, "gpt2",
      "llama.rope.scaling.type"),
-    ("llama", None, {"model.layers.0.mlp.up_proj.weight": Q.Q5_0}, "gpt2",
+    ("llama", None, {"model.layers.0.mlp.up_proj.weight": Q.Q8_1}, "gpt2",
      "tensors.blk.0.ffn_up.weight.type"),
-    ("llama", None, None, "llama", "tokenizer.ggml.model"),
+    ("llama", None, None, "bert", "tokenizer.ggml.model"),
 ])
 def test_unsupported_fields_are_refused_by_name(tmp_path, weights, arch, edit, kinds,
                                                 tokenizer_model, field):
@@ -196,7 +220,7 @@ def int4_weights(root, stored) -> dict[str, np.ndarray]:
         packed, scales = tensors[node.input[1]], tensors[node.input[2]]  # [N, blocks, 16]
         q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(attrs["N"], -1)
         w = (q.astype(np.float32) - 8) * np.repeat(scales.reshape(attrs["N"], -1), 32, axis=1)
-        name = node.input[1].removesuffix(".T_Q4")
+        name = node.input[1].removesuffix(".T_Q4").removesuffix(".nbits")
         weights["lm_head.weight" if name == "model.embed_tokens.weight" else name] = \
             w[:, :attrs["K"]]
     return weights

@@ -26,7 +26,7 @@ from speculant.text.chat import chat_template_of
 from speculant_tools.export import LlamaConfig, write_decoder_package, write_pair_package
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
-QUANTIZATIONS = (None, "int4")
+QUANTIZATIONS = (None, "int4", "float")
 
 # progress(description, completed, total): the importers report each tensor they read
 Progress = Callable[[str, int, int], None]
@@ -57,6 +57,9 @@ class Checkpoint:
     tokenizer_config: dict[str, Any] = field(default_factory=dict)
     eos_id: int | None = None  # None: the tokenizer's one EOS-named special token
     source: str = ""  # for messages
+    # HF name -> the source's quantized blocks, kept as MatMulNBits in a float32 package
+    # (importers.gguf_quant); ``weights`` holds the same values dequantized
+    kept: dict[str, Any] = field(default_factory=dict)
 
 
 def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "float32",
@@ -64,7 +67,9 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
                      drafter: Drafter | None = None, cache: str = "appended") -> Path:
     """Write ``checkpoint`` as a package in ``out``: a chained pair with ``drafter``, a
     greedy decoder without; ``tokenizer.json`` and ``tokenizer_config.json`` beside.
-    ``quantize="int4"``: the target's linear layers as MatMulNBits (``importers.int4``);
+    The linear layers in ``checkpoint.kept`` stay quantized in a float32 package (MatMulNBits
+    with exactly the dequantized weights; ``quantize="float"`` widens them too);
+    ``quantize="int4"``: the target's other linear layers as MatMulNBits (``importers.int4``);
     ``cache``: the caches' form, ``appended`` or ``static`` (docs/design/static-cache.md)."""
     check_quantize(quantize, dtype)
     check_chat_template(checkpoint.tokenizer_config, checkpoint.source)
@@ -84,10 +89,15 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
                                dtype=dtype, scale=drafter.scale,
                                max_proposal_width=drafter.max_proposal_width,
                                eos_id=checkpoint.eos_id, graph=graph, cache=cache)
+    graph_path = out / ("decoder" if drafter is None else "target") / "model.onnx"
+    if checkpoint.kept and dtype == "float32" and quantize != "float":
+        from speculant_tools.importers.int4 import keep_nbits
+
+        keep_nbits(graph_path, checkpoint.kept)
     if quantize == "int4":
         from speculant_tools.importers.int4 import quantize_int4
 
-        quantize_int4(out / ("decoder" if drafter is None else "target") / "model.onnx")
+        quantize_int4(graph_path)
     (out / TOKENIZER_CONFIG).write_text(
         json.dumps(checkpoint.tokenizer_config, indent=2, ensure_ascii=False) + "\n",
         encoding="utf-8")
@@ -97,7 +107,7 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
 def check_quantize(quantize: str | None, dtype: str = "float32") -> None:
     if quantize not in QUANTIZATIONS:
         raise ImporterError("unknown quantization", path="quantize", value=quantize,
-                            expected="int4, or none")
+                            expected="int4, float, or none")
     if quantize == "int4" and dtype != "float32":
         raise ImporterError("int4 (MatMulNBits) is written for float32 packages",
                             path="quantize", value=(quantize, dtype),

@@ -2,8 +2,10 @@
 :mod:`~speculant_tools.importers.families` (``gemma2``, ``gemma3``, ``phi3``), into a
 :class:`Checkpoint` (the ``gguf`` package).
 
-Tensors are dequantized exactly as ggml does (``gguf.quants.dequantize``: Q4_0, Q4_1, Q8_0,
-F16, F32). llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` so that its
+Tensors are dequantized exactly as ggml does, by gguf's own code, one tensor at a time
+(``gguf_quant``: every type gguf dequantizes); the blocks of the types ONNX Runtime's
+MatMulNBits computes with exactly (Q4_0, Q3_K) are also kept (``Checkpoint.kept``).
+llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` so that its
 rotary kernel rotates adjacent pairs; Hugging Face's Llama rotates halves, so the import
 undoes that permutation (:func:`unpermute_rows`; the ``llama`` architecture's alone).
 Sizes, the tokenizer, its special tokens, EOS/BOS and the chat template come from the GGUF's
@@ -29,11 +31,13 @@ from speculant_tools.importers.checkpoint import (
 )
 from speculant_tools.importers.families import BY_GGUF_ARCH, fused_shapes, split_fused
 from speculant_tools.importers.gguf_header import REMEDY, check_header, printable
-from speculant_tools.importers.gguf_vocab import build_tokenizer
+from speculant_tools.importers.gguf_quant import NBits, can_dequantize, dequantize, nbits_of
+from speculant_tools.importers.gguf_vocab import build_tokenizer, default_add_bos
 
 ARCHITECTURES = ("llama", *BY_GGUF_ARCH)
 FAMILIES_REMEDY = "docs/models.md lists the families and fields that import"
-QUANT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+TYPE_REMEDY = ("re-quantize it with llama.cpp (llama-quantize --allow-requantize IN OUT Q4_K_M, "
+               "or Q8_0), or import the model's Hugging Face folder")
 LAYER_NAMES = {  # GGUF blk.{i}.NAME -> HF model.layers.{i}.NAME
     "attn_norm.weight": "input_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
@@ -131,6 +135,10 @@ class _Fields:
         return self._read(key, default, "an array of strings",
                           lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
 
+    def numbers(self, key: str, default: Any = MISSING) -> list[float]:
+        return self._read(key, default, "an array of finite numbers",
+                          lambda v: isinstance(v, list) and all(_is_number(x) for x in v))
+
     def integers(self, key: str, default: Any = MISSING) -> list[int]:
         return self._read(key, default, "an array of integers",
                           lambda v: isinstance(v, list) and all(_is_int(x) for x in v))
@@ -158,10 +166,11 @@ def read_gguf(path: str | Path, progress: Progress | None = None) -> Checkpoint:
     config = _config(fields)
     family = BY_GGUF_ARCH.get(fields.text("general.architecture"))
     tensors = _checked_tensors(reader.tensors, config, fields)
-    weights = _weights(tensors, config, file, progress, permuted=family is None)
+    weights, kept = _weights(tensors, config, file, progress, permuted=family is None)
     if family is not None and family.is_fused:
         weights = split_fused(config, weights)
-    return Checkpoint(config=config, weights=weights, source=file,
+        kept = {name: nbits for name, nbits in kept.items() if name in weights}
+    return Checkpoint(config=config, weights=weights, source=file, kept=kept,
                       **_tokenizer(fields, config))
 
 
@@ -245,9 +254,11 @@ def _checked_tensors(tensors: list[Any], config: LlamaConfig,
                                 "architecture (rope frequencies or factors, biases, ...)",
                                 expected=f"the weights of a {arch} model",
                                 remedy=FAMILIES_REMEDY)
-        if kind not in QUANT_TYPES:
-            raise fields.refuse(f"tensors.{name}.type", "this tensor type is not supported",
-                                kind, ", ".join(QUANT_TYPES), remedy="")
+        if not can_dequantize(kind):
+            raise fields.refuse(f"tensors.{name}.type", "the gguf package cannot dequantize "
+                                "this tensor type", kind, "a type gguf.quants dequantizes "
+                                "(F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ*, ...)",
+                                remedy=TYPE_REMEDY)
         named.append((tensor, hf_name))
     num_layers = len({name.split(".")[2] for _, name in named
                       if name.startswith("model.layers.")})
@@ -293,66 +304,85 @@ def _check_context(config: LlamaConfig, num_weight_values: int, fields: _Fields)
 
 
 def _weights(tensors: list[tuple[Any, str]], config: LlamaConfig, file: str,
-             progress: Progress | None, permuted: bool = True) -> dict[str, np.ndarray]:
-    """The tensors dequantized, in HF layout (``permuted``: q/k rows as llama.cpp's Llama
-    converter writes them, put back in halves)."""
-    from gguf import quants
-
+             progress: Progress | None, permuted: bool = True
+             ) -> tuple[dict[str, np.ndarray], dict[str, NBits]]:
+    """The float32 weights (HF names and layout), dequantized one tensor at a time by gguf,
+    and the linear layers whose blocks stay quantized (``gguf_quant.nbits_of``).
+    ``permuted``: q/k rows as llama.cpp's Llama converter writes them, put back in halves."""
     weights: dict[str, np.ndarray] = {}
+    kept: dict[str, NBits] = {}
     for index, (tensor, hf_name) in enumerate(tensors):
         name, kind = tensor.name, tensor.tensor_type.name  # a Llama weight's name
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists ne0 first
         try:
             with np.errstate(all="ignore"):  # non-finite values are refused below, by name
-                array = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type),
-                                   np.float32).reshape(shape)
-        except (ValueError, TypeError) as error:
+                array = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+        except (ValueError, TypeError, NotImplementedError) as error:
             raise ImporterError(f"cannot dequantize the tensor: {error}", file=file,
                                 path=f"tensors.{name}", value=kind, remedy=REMEDY) from None
         if not np.isfinite(array).all():
             raise ImporterError("the tensor holds non-finite values (NaN or infinity)",
                                 file=file, path=f"tensors.{name}", value=kind, remedy=REMEDY)
-        if permuted and name.endswith("attn_q.weight"):
-            array = unpermute_rows(array, config.num_attention_heads)
-        elif permuted and name.endswith("attn_k.weight"):
-            array = unpermute_rows(array, config.num_key_value_heads)
+        nbits = nbits_of(tensor.data, tensor.tensor_type, array) \
+            if hf_name.endswith("proj.weight") else None
+        heads = None if not permuted else (
+            config.num_attention_heads if name.endswith("attn_q.weight") else
+            config.num_key_value_heads if name.endswith("attn_k.weight") else None)
+        if heads is not None:
+            order = unpermute_rows(np.arange(shape[0]), heads)
+            array = array[order]
+            nbits = nbits.rows(order) if nbits is not None else None
         weights[hf_name] = np.ascontiguousarray(array)
+        if nbits is not None:
+            kept[hf_name] = nbits
         if progress is not None:
             progress(f"dequantizing {name} ({kind})", index + 1, len(tensors))
-    return weights
+    return weights, kept
 
 
 def _tokenizer(fields: _Fields, config: LlamaConfig) -> dict[str, Any]:
+    """tokenizer.json and tokenizer_config.json from the ``tokenizer.ggml.*`` keys
+    (``gguf_vocab``): the vocabulary kind and pre-tokenizer, scores, token types, the special
+    ids, and ``add_bos_token`` / ``add_eos_token`` / ``add_space_prefix`` with llama.cpp's
+    defaults where the file has none."""
     model = fields.text("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise fields.refuse("tokenizer.ggml.model", "only gpt2-style byte-level BPE "
-                            "tokenizers are supported", model, "gpt2", remedy="")
+    pre = fields.text("tokenizer.ggml.pre", "default")
     tokens = fields.texts("tokenizer.ggml.tokens")
     if len(tokens) > config.vocab_size:
         raise fields.refuse("tokenizer.ggml.tokens", "the tokenizer has more tokens than the "
                             "model has rows", len(tokens), f"at most {config.vocab_size}")
     types = fields.integers("tokenizer.ggml.token_type", [1] * len(tokens))
     ids = {key: fields.integer(f"tokenizer.ggml.{key}", None) for key in (
-        "bos_token_id", "unknown_token_id", "padding_token_id")}
+        "bos_token_id", "unknown_token_id", "padding_token_id", "eot_token_id")}
     ids["eos_token_id"] = fields.integer("tokenizer.ggml.eos_token_id")
-    for key in ("bos_token_id", "eos_token_id"):
+    for key in ("bos_token_id", "eos_token_id", "eot_token_id"):
         if ids[key] is not None and not 0 <= ids[key] < len(tokens):
             raise fields.refuse(f"tokenizer.ggml.{key}", "a special token id outside the "
                                 "vocabulary", ids[key], f"0 <= id < {len(tokens)}")
     bos_id, eos_id = ids["bos_token_id"], ids["eos_token_id"]
-    add_bos = fields.flag("tokenizer.ggml.add_bos_token", False)
+    add_bos = fields.flag("tokenizer.ggml.add_bos_token", default_add_bos(model, pre))
+    add_eos = fields.flag("tokenizer.ggml.add_eos_token", False)
+    for key, wanted, token_id in (("add_bos_token", add_bos, bos_id),
+                                  ("add_eos_token", add_eos, eos_id)):
+        if wanted and token_id is None:
+            raise fields.refuse(f"tokenizer.ggml.{key}", "the file asks for a token it does "
+                                "not name", wanted, f"tokenizer.ggml.{key[4:7]}_token_id set")
+    scores = fields.numbers("tokenizer.ggml.scores", None) if model == "llama" else None
     try:
-        tokenizer = build_tokenizer(tokens, fields.texts("tokenizer.ggml.merges", []), types,
-                                    pre=fields.text("tokenizer.ggml.pre", "default"),
-                                    bos_id=bos_id, add_bos=add_bos)
+        tokenizer = build_tokenizer(
+            tokens, fields.texts("tokenizer.ggml.merges", []), types, model=model, pre=pre,
+            scores=scores, bos_id=bos_id, eos_id=eos_id, unk_id=ids["unknown_token_id"],
+            add_bos=add_bos, add_eos=add_eos,
+            add_space_prefix=fields.flag("tokenizer.ggml.add_space_prefix", True))
     except ImporterError as error:  # the vocabulary's checks name no file
         raise ImporterError(problems=[replace(p, file=fields.file) for p in error.problems]) \
             from None
     bos = tokens[bos_id] if bos_id is not None else None
-    extra: dict[str, Any] = {"add_bos_token": add_bos, "add_eos_token": False,
+    extra: dict[str, Any] = {"add_bos_token": add_bos, "add_eos_token": add_eos,
                              "model_max_length": config.max_position_embeddings,
                              "clean_up_tokenization_spaces": False}
-    for key, name in (("unknown_token_id", "unk_token"), ("padding_token_id", "pad_token")):
+    for key, name in (("unknown_token_id", "unk_token"), ("padding_token_id", "pad_token"),
+                      ("eot_token_id", "eot_token")):
         if ids[key] is not None and 0 <= ids[key] < len(tokens):
             extra[name] = tokens[ids[key]]
     return {"tokenizer_json": tokenizer.to_str(),

@@ -1,5 +1,6 @@
 """``--quantize int4``: the target's linear layers as ONNX Runtime's ``MatMulNBits``;
-``--quantize-drafter int4``: a chained drafter's (:func:`quantize_drafter`).
+``--quantize-drafter int4``: a chained drafter's (:func:`quantize_drafter`); a GGUF's blocks
+kept as they are where MatMulNBits computes with them exactly (:func:`keep_nbits`).
 
 Weights are quantized blockwise (32 per block, symmetric 4-bit, one float32 scale per block)
 by ONNX Runtime's own ``MatMulNBitsQuantizer``; the token table stays float32 (a Gather reads
@@ -13,11 +14,19 @@ passes on SmolLM2 (prompt lookup != greedy on 3 of 4 chat prompts), with level 1
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import external_data_helper, numpy_helper
+
+if TYPE_CHECKING:
+    from speculant_tools.importers.gguf_quant import NBits
+
+MS_DOMAIN = "com.microsoft"
+INLINE_LIMIT = 1 << 30  # bytes of initializers written inside the protobuf (limit: 2 GiB)
 
 BLOCK_SIZE = 32
 ACCURACY_LEVEL = 1  # float32 compute: a k-token pass equals k one-token passes
@@ -87,6 +96,59 @@ def quantize_int4(path: Path, accuracy_level: int = ACCURACY_LEVEL, *, bits: int
     for location in external:
         (path.parent / location).unlink(missing_ok=True)
     return count
+
+
+def keep_nbits(path: Path, weights: Mapping[str, NBits]) -> int:
+    """Rewrite the float32 graph at ``path`` so that each ``MatMul(x, Transpose(W))`` with
+    ``W`` named in ``weights`` (HF name) is a 4-bit ``MatMulNBits`` with that weight's codes
+    and scales (``gguf_quant.NBits``: no zero point, float32 compute); returns their count.
+    Other weights keep their names and layout; a weight packed with others (the fused graph's
+    q/k/v Concat) stays float."""
+    model = onnx.load(str(path), load_external_data=False)
+    external_data_helper.load_external_data_for_model(model, str(path.parent))
+    producers = {output: node for node in model.graph.node for output in node.output}
+    added = []
+    for node in model.graph.node:
+        source = producers.get(node.input[1]) if node.op_type == "MatMul" else None
+        if source is None or source.op_type != "Transpose" or source.input[0] not in weights:
+            continue
+        name, nbits = source.input[0], weights[source.input[0]]
+        num_rows, num_blocks, _ = nbits.packed.shape
+        added += [numpy_helper.from_array(nbits.packed, f"{name}.nbits"),
+                  numpy_helper.from_array(nbits.scales.reshape(-1), f"{name}.scales")]
+        node.op_type, node.domain = "MatMulNBits", MS_DOMAIN
+        node.input[1] = f"{name}.nbits"
+        node.input.append(f"{name}.scales")
+        node.attribute.extend(onnx.helper.make_attribute(key, value) for key, value in (
+            ("K", num_blocks * nbits.block_size), ("N", num_rows), ("bits", 4),
+            ("block_size", nbits.block_size), ("accuracy_level", ACCURACY_LEVEL)))
+    read = {name for node in model.graph.node for name in node.input}
+    read |= {output.name for output in model.graph.output}
+    nodes = [node for node in model.graph.node
+             if node.op_type != "Transpose" or node.output[0] in read]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {name for node in nodes for name in node.input}
+    live = [t for t in model.graph.initializer if t.name in used] + added
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(live)
+    if added and not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+    _save(model, path)
+    return len(added) // 2
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    """``model`` at ``path``: inline, or with its initializers in ``<name>.data`` beside it
+    where they would not fit one protobuf (as export.package.write_graph writes them)."""
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    size = sum(t.ByteSize() for t in model.graph.initializer)
+    if size < INLINE_LIMIT:
+        onnx.save(model, str(path))
+    else:
+        onnx.save_model(model, str(path), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=data.name, size_threshold=1024)
 
 
 def check_drafter_quantization(quantization: str | None, package: Path,
