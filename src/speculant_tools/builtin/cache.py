@@ -26,7 +26,7 @@ from pathlib import Path
 
 from speculant.errors import SpeculantError
 
-FORMAT = 4  # bump when the importer writes different packages for the same sources
+FORMAT = 5  # bump when the importer writes different packages for the same sources
 MANIFEST = "manifest.json"
 REMEDY = "remove it (the cache rebuilds what it needs), or set SPECULANT_CACHE to another folder"
 
@@ -35,12 +35,13 @@ class BuiltinError(SpeculantError):
     """A built-in package cannot be found or built."""
 
 
-def cached(root: Path, name: str, key: str, build: Callable[[Path], None]) -> Path:
-    """``packages/<name>-<key>`` in the cache, built by ``build(folder)`` where it is missing
-    or fails its manifest. Safe against concurrent builders and interrupted builds; a lock
-    path that is not a regular file, or a cache that cannot be written, is a BuiltinError
-    naming the path."""
-    packages = root / "packages"
+def cached(root: Path, name: str, key: str, build: Callable[[Path], None], *,
+           kind: str = "packages") -> Path:
+    """``<kind>/<name>-<key>`` in the cache (``packages``, or ``downloads`` for fetched
+    sources), built by ``build(folder)`` where it is missing or fails its manifest. Safe
+    against concurrent builders and interrupted builds; a lock path that is not a regular
+    file, or a cache that cannot be written, is a BuiltinError naming the path."""
+    packages = root / kind
     final = packages / f"{name}-{key}"
     if is_complete(final):
         return final

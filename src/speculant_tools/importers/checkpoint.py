@@ -64,13 +64,15 @@ class Checkpoint:
 
 def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "float32",
                      graph: str = "auto", quantize: str | None = None,
-                     drafter: Drafter | None = None, cache: str = "appended") -> Path:
+                     drafter: Drafter | None = None, cache: str = "appended",
+                     external_data: bool | None = None) -> Path:
     """Write ``checkpoint`` as a package in ``out``: a chained pair with ``drafter``, a
     greedy decoder without; ``tokenizer.json`` and ``tokenizer_config.json`` beside.
     The linear layers in ``checkpoint.kept`` stay quantized in a float32 package (MatMulNBits
     with exactly the dequantized weights; ``quantize="float"`` widens them too);
     ``quantize="int4"``: the target's other linear layers as MatMulNBits (``importers.int4``);
-    ``cache``: the caches' form, ``appended`` or ``static`` (docs/design/static-cache.md)."""
+    ``cache``: the caches' form, ``appended`` or ``static`` (docs/design/static-cache.md);
+    ``external_data``: the weights beside each graph (``export.package.write_graph``)."""
     check_quantize(quantize, dtype)
     check_chat_template(checkpoint.tokenizer_config, checkpoint.source)
     out = Path(out)
@@ -80,7 +82,7 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
         if drafter is None:
             write_decoder_package(out, checkpoint.weights, checkpoint.config, tokenizer,
                                   dtype=dtype, eos_id=checkpoint.eos_id, graph=graph,
-                                  cache=cache)
+                                  cache=cache, external_data=external_data)
         else:
             config = replace(checkpoint.config,
                              drafter_intermediate_size=drafter.intermediate_size,
@@ -88,7 +90,8 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
             write_pair_package(out, checkpoint.weights, config, drafter.weights, tokenizer,
                                dtype=dtype, scale=drafter.scale,
                                max_proposal_width=drafter.max_proposal_width,
-                               eos_id=checkpoint.eos_id, graph=graph, cache=cache)
+                               eos_id=checkpoint.eos_id, graph=graph, cache=cache,
+                               external_data=external_data)
     graph_path = out / ("decoder" if drafter is None else "target") / "model.onnx"
     if checkpoint.kept and dtype == "float32" and quantize != "float":
         from speculant_tools.importers.int4 import keep_nbits
