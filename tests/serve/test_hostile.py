@@ -37,7 +37,7 @@ def _completion(**fields) -> str:
     (_completion(logprobs=3), "logprobs"),
     (_completion(proposer="eagle7"), "proposer"),
     (_completion(k=0), "k"),
-    (_completion(temprature=0.5), "temprature"),
+    (_completion(presence_penalty=0.5), "presence_penalty"),
     (_completion(stream_options={"include_usage": True}), None),  # without stream=true
 ])
 def test_bad_body_is_400(raw, body, param):

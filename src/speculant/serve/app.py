@@ -100,7 +100,10 @@ def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         service = _checked(get_service(), body.model)
-        engine, messages = service.engine, [m.as_dict() for m in body.messages]
+        engine = service.engine
+        template = getattr(engine, "chat_template", None)
+        has_developer_role = template is not None and "developer" in template.source
+        messages = [m.as_dict(has_developer_role=has_developer_role) for m in body.messages]
         # rendered before the request waits for the engine: a slow template holds no one
         prompt, options = await run_in_threadpool(engine.prepare_chat, messages,
                                                   body.options(service.defaults))

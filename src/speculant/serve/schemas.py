@@ -2,14 +2,18 @@
 
 Fields a request leaves out take the server's defaults (a :class:`GenerationOptions` built
 from the command line), so a field set to ``null`` (``"proposer": null``: plain decoding)
-differs from one left out. OpenAI fields speculant does not implement are accepted only at
-their neutral value (``n: 1``, ``logprobs: null``, penalties 0); unknown fields are refused.
+differs from one left out. Fields speculant does not know (``metadata``, ``reasoning_effort``,
+a client's newer ones) are ignored and logged once per name, as vLLM does; OpenAI fields it
+knows but does not implement are accepted only at their neutral value (``n: 1``, no
+``logprobs``, penalties 0, no ``logit_bias``, no ``suffix``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Literal
+import json
+import logging
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,16 +29,32 @@ _OPTION_FIELDS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_
                   "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                   "min_p": "min_p", "seed": "seed", "stop": "stop", "proposer": "proposer",
                   "k": "k"}
+log = logging.getLogger("speculant.serve")
+_LOGGED: set[str] = set()  # unknown field names already logged
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _Body(BaseModel):
+    """Strict types; unknown fields kept aside (``model_extra``), logged once per name and
+    otherwise ignored."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _log_unknown_fields(self):
+        for name in self.model_extra or ():
+            where = f"{type(self).__name__}.{name}"
+            if where not in _LOGGED:
+                _LOGGED.add(where)
+                log.info("ignoring the unknown request field %r (%s; logged once)", name,
+                         type(self).__name__)
+        return self
+
+
+class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class _Common(_Body):
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -98,22 +118,61 @@ class CompletionRequest(_Common):
     suffix: Literal[None] = None
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class TextPart(_Body):
     type: Literal["text"]
     text: str
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
 
-    def as_dict(self) -> dict[str, str]:
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer names the call
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        if self.content is None and not self.tool_calls:
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def as_dict(self, *, has_developer_role: bool = True) -> dict[str, Any]:
+        """The message as a chat template reads it (transformers' form): ``developer`` as
+        ``system`` where the template has no developer role; tool calls with their
+        arguments parsed (templates write them with ``tojson``)."""
         content = self.content if isinstance(self.content, str) else \
-            "".join(part.text for part in self.content)
-        return {"role": self.role, "content": content}
+            "".join(part.text for part in self.content or ())
+        role = "system" if self.role == "developer" and not has_developer_role else self.role
+        message: dict[str, Any] = {"role": role, "content": content}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name,
+                              "arguments": _parsed(call.function.arguments)}}
+                for call in self.tool_calls]
+        return message
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments  # a template that writes text gets the text
 
 
 class ChatRequest(_Common):
