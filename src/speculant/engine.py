@@ -42,6 +42,8 @@ from speculant.text.chat import (
 )
 from speculant.text.tokenizer import tokenizer_for
 from speculant.workflow.cells import StaticPool
+from speculant.workflow.constraint import compile_constraint
+from speculant.workflow.logprobs import Logprobs
 from speculant.workflow.options import GenerationOptions, checked_text, checked_token_ids
 from speculant.workflow.request import Request, admit_request
 from speculant.workflow.sampler import Sampler
@@ -280,10 +282,15 @@ class Engine:
             text = StopText(self.tokenizer, prompt_ids, options.stop)
         sampler = (Sampler(admitted.sampling, admitted.seed, options.acceptance)
                    if admitted.sampling is not None else None)
+        constraint = None if options.grammar is None else compile_constraint(
+            options.grammar, self.package.tokenizer_file, sorted(stop_ids), self.vocab_size)
+        logprobs = None if options.logprobs is None and not options.prompt_logprobs else \
+            Logprobs(options.logprobs or 0, options.prompt_logprobs)
         state = DecodeState.start(self.seam, self.package, rules, admitted, prompt_ids,
                                   sampler=sampler, text=text, k=k if proposer else 0,
                                   residency=self.sessions[plan.target].device,
-                                  pool=self.static_pool)
+                                  pool=self.static_pool, constraint=constraint,
+                                  logprobs=logprobs)
         state.stats.proposer = kind.name if kind is not None else None
         if sampler is not None:
             state.stats.seed, state.stats.acceptance = sampler.seed, sampler.acceptance
