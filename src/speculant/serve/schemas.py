@@ -4,8 +4,8 @@ Fields a request leaves out take the server's defaults (a :class:`GenerationOpti
 from the command line), so a field set to ``null`` (``"proposer": null``: plain decoding)
 differs from one left out. Fields speculant does not know (``metadata``, ``reasoning_effort``,
 a client's newer ones) are ignored and logged once per name, as vLLM does; OpenAI fields it
-knows but does not implement are accepted only at their neutral value (``n: 1``, no
-``logprobs``, penalties 0, no ``logit_bias``, no ``suffix``).
+knows but does not implement are accepted only at their neutral value (penalties 0, no
+``logit_bias``, no ``suffix``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from speculant.speculative.kinds import NAMES
 PROPOSERS = NAMES  # the kinds registry's names: chained, draft, prompt_lookup
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256
+MAX_CHOICES = 16  # n: choices of one request, decoded one after another
+MAX_TOP_LOGPROBS = 20  # vLLM's and OpenAI's chat limit
 
 # request field -> GenerationOptions field
 _OPTION_FIELDS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
@@ -54,6 +56,28 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """``text``, ``json_object`` (any JSON object) or ``json_schema`` (an instance of
+    ``json_schema.schema``): the two JSON kinds are decoded under a grammar."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self):
+        if self.type == "json_schema" and (self.json_schema is None or
+                                           self.json_schema.schema_ is None):
+            raise ValueError("type json_schema needs json_schema.schema")
+        return self
+
+
 class _Common(_Body):
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -64,8 +88,9 @@ class _Common(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted, unused
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    response_format: ResponseFormat | None = None
     # neutral values only
-    n: Literal[1] = 1
     presence_penalty: Literal[0, 0.0] = 0.0
     frequency_penalty: Literal[0, 0.0] = 0.0
     logit_bias: Annotated[dict, Field(max_length=0)] | None = None
@@ -112,10 +137,16 @@ class _Common(_Body):
 
 class CompletionRequest(_Common):
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[int], Field(min_length=1)]
-    echo: Literal[False] = False
-    logprobs: Literal[None] = None
-    best_of: Literal[1] | None = None
+    echo: bool = False  # the prompt before the completion (and its logprobs, with logprobs)
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    best_of: int | None = None
     suffix: Literal[None] = None
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of must equal n ({self.n}): every choice is returned")
+        return self
 
 
 class TextPart(_Body):
@@ -175,8 +206,59 @@ def _parsed(arguments: str) -> Any:
         return arguments  # a template that writes text gets the text
 
 
+class FunctionDefinition(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema (None: no arguments)
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatRequest(_Common):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: Literal[False] | None = None
-    top_logprobs: Literal[None] = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _check_tools(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        names = [tool.function.name for tool in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("two tools have one name")
+        choice = self.tool_choice
+        if choice not in (None, "none", "auto") and not names:
+            raise ValueError("tool_choice names a call, and the request has no tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not "
+                             f"one of the tools ({', '.join(names)})")
+        if choice not in (None, "none", "auto") and self.response_format is not None and \
+                self.response_format.type != "text":
+            raise ValueError("tool_choice forcing a call and response_format cannot both "
+                             "constrain the answer")
+        return self
+
+    @property
+    def tool_list(self) -> list[dict] | None:
+        """The tools as the chat template reads them (None: none, or ``tool_choice``
+        ``none``)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.model_dump(exclude_none=True, by_alias=True) for tool in self.tools]
