@@ -1,9 +1,10 @@
 """Measure the grammar libraries that constrained decoding could use, on this CPU.
 
 For each installed library (llguidance, outlines-core, xgrammar) and each vocabulary given
-(a ``tokenizer.json``): the time to compile a JSON schema into a matcher and compute its first
-mask, the mean and the worst time of each later token mask (computed into a packed bitmask, the form the runtime applies)
-along a valid instance of the schema, and whether the matcher rolls back. The figures and
+(a ``tokenizer.json``): the time to compile a JSON schema into a matcher and compute its
+first mask, the mean and the worst time of each later token mask (computed into a packed
+bitmask, the form the runtime applies) along a valid instance of the schema, and whether the
+matcher rolls back. The figures and
 the choice they led to: docs/design/structured.md.
 
     python scripts/grammar_libraries.py TOKENIZER_JSON [TOKENIZER_JSON ...]
