@@ -32,16 +32,18 @@ if TYPE_CHECKING:
     from speculant.engine import Engine, load
     from speculant.generation import Decode, Generation, Stream
     from speculant.session.session import share_cpu_pool
+    from speculant.workflow.constraint import Grammar
     from speculant.workflow.options import GenerationOptions
     from speculant.workflow.stats import DecodeStats
 
 _LAZY = {"Engine": "engine", "load": "engine", "Decode": "generation", "Generation": "generation",
          "Stream": "generation", "share_cpu_pool": "session.session",
-         "GenerationOptions": "workflow.options", "DecodeStats": "workflow.stats"}
+         "GenerationOptions": "workflow.options", "DecodeStats": "workflow.stats",
+         "Grammar": "workflow.constraint"}
 
 __all__ = [
     "AdmissionError", "ChainError", "ContractError", "Decode", "DecodeStats", "Engine",
-    "Generation", "GenerationOptions", "MetadataError", "RequestError", "ResidencyError",
+    "Generation", "GenerationOptions", "Grammar", "MetadataError", "RequestError", "ResidencyError",
     "SpeculantError", "Stream", "UnsupportedError", "load", "share_cpu_pool",
 ]
 

@@ -42,6 +42,8 @@ from speculant.text.chat import (
 )
 from speculant.text.tokenizer import tokenizer_for
 from speculant.workflow.cells import StaticPool
+from speculant.workflow.constraint import compile_constraint
+from speculant.workflow.logprobs import Logprobs
 from speculant.workflow.options import GenerationOptions, checked_text, checked_token_ids
 from speculant.workflow.request import Request, admit_request
 from speculant.workflow.sampler import Sampler
@@ -196,8 +198,10 @@ class Engine:
         """:meth:`stream` on ``messages`` rendered by the package's chat template."""
         return self.stream(*self.prepare_chat(messages, options, **fields))
 
-    def render_chat(self, messages: Messages) -> str:
-        """The prompt text the chat template makes of ``messages``."""
+    def render_chat(self, messages: Messages,
+                    tools: Sequence[Mapping[str, object]] | None = None) -> str:
+        """The prompt text the chat template makes of ``messages`` (and ``tools``, OpenAI's
+        function definitions, the template's ``tools``)."""
         if self.chat_template is None:
             raise RequestError("this package has no chat template", path="messages",
                                file=str(self.package.root),
@@ -205,16 +209,17 @@ class Engine:
                                         "tokenizer.json",
                                remedy="add the model's tokenizer_config.json to the package, "
                                       "or send a plain prompt (generate / stream)")
-        return self.chat_template.render(messages, add_generation_prompt=True)
+        return self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
 
     def prepare_chat(self, messages: Messages, options: GenerationOptions | int | None = None,
-                     /, **fields) -> tuple[str, GenerationOptions]:
+                     /, *, tools: Sequence[Mapping[str, object]] | None = None,
+                     **fields) -> tuple[str, GenerationOptions]:
         """The prompt of ``messages`` and the options with the end-of-turn stops added
         (single-token endings as stop token ids, longer ones as stop strings): what
         :meth:`chat` generates from. It renders without taking the engine, so a server
-        renders a chat before the request waits its turn."""
+        renders a chat before the request waits its turn. ``tools``: :meth:`render_chat`'s."""
         options = GenerationOptions.of(options, **fields)
-        prompt = self.render_chat(messages)
+        prompt = self.render_chat(messages, tools)
         assert self.chat_template is not None
         stop_ids, stops = list(options.stop_token_ids), list(
             (options.stop,) if isinstance(options.stop, str) else options.stop)
@@ -280,10 +285,15 @@ class Engine:
             text = StopText(self.tokenizer, prompt_ids, options.stop)
         sampler = (Sampler(admitted.sampling, admitted.seed, options.acceptance)
                    if admitted.sampling is not None else None)
+        constraint = None if options.grammar is None else compile_constraint(
+            options.grammar, self.package.tokenizer_file, sorted(stop_ids), self.vocab_size)
+        logprobs = None if options.logprobs is None and not options.prompt_logprobs else \
+            Logprobs(options.logprobs or 0, options.prompt_logprobs)
         state = DecodeState.start(self.seam, self.package, rules, admitted, prompt_ids,
                                   sampler=sampler, text=text, k=k if proposer else 0,
                                   residency=self.sessions[plan.target].device,
-                                  pool=self.static_pool)
+                                  pool=self.static_pool, constraint=constraint,
+                                  logprobs=logprobs)
         state.stats.proposer = kind.name if kind is not None else None
         if sampler is not None:
             state.stats.seed, state.stats.acceptance = sampler.seed, sampler.acceptance

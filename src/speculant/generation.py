@@ -13,6 +13,7 @@ from speculant.speculative.decode import decode
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.round import Route
 from speculant.speculative.width import WidthPolicy
+from speculant.workflow.logprobs import TokenLogprob
 from speculant.workflow.state import DecodeState
 from speculant.workflow.stats import DecodeStats
 from speculant.workflow.target_pass import TargetPass
@@ -31,6 +32,8 @@ class Generation:
     stats: DecodeStats  # this request's; stats.stop_reason says which rule fired
     time_to_first_token_s: float  # admission + prefill
     total_s: float  # admission to the last token
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (first None)
 
     @property
     def tokens_per_second(self) -> float:
@@ -140,8 +143,11 @@ class Decode:
             text = self.tokenizer.decode(ids) if self.tokenizer.has_text else None
         reason = "length" if state.stop_reason in LENGTH_REASONS else "stop"
         first = self._first_at if self._first_at is not None else self._ended_at
+        recorded = state.logprobs
         return Generation(list(ids), text, reason, state.prompt_len, state.stats,
-                          first - self._started, self._ended_at - self._started)
+                          first - self._started, self._ended_at - self._started,
+                          None if recorded is None else list(recorded.generated),
+                          None if recorded is None else recorded.prompt)
 
     def _end(self) -> None:
         if self._ended_at is None:

@@ -33,11 +33,13 @@ def _completion(**fields) -> str:
     (_completion(prompt=[]), "prompt"),
     (_completion(stop=["a", "b", "c", "d", "e"]), "stop"),
     (_completion(stop=[""]), "stop"),
-    (_completion(n=2), "n"),
-    (_completion(logprobs=3), "logprobs"),
+    (_completion(n=17), "n"),
+    (_completion(n=2, best_of=3), None),
+    (_completion(logprobs=21), "logprobs"),
+    (_completion(response_format={"type": "json_schema"}), "response_format"),
     (_completion(proposer="eagle7"), "proposer"),
     (_completion(k=0), "k"),
-    (_completion(temprature=0.5), "temprature"),
+    (_completion(presence_penalty=0.5), "presence_penalty"),
     (_completion(stream_options={"include_usage": True}), None),  # without stream=true
 ])
 def test_bad_body_is_400(raw, body, param):

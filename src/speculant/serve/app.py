@@ -14,6 +14,8 @@ The limits are :class:`speculant.serve.limits.ServerLimits`.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import time
@@ -28,13 +30,20 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from speculant import GenerationOptions
+from speculant import GenerationOptions, Grammar
 from speculant.errors import RequestError, SpeculantError
 from speculant.serve.admission import DeadlineExceededError, QueueFullError
 from speculant.serve.body_limit import BodyLimit
+from speculant.serve.choices import (
+    chat_logprobs,
+    choice_options,
+    completion_logprobs,
+    format_grammar,
+)
 from speculant.serve.limits import ServerLimits
 from speculant.serve.schemas import ChatRequest, CompletionRequest
 from speculant.serve.service import ClientGoneError, Piece, Service
+from speculant.serve.tool_calls import ToolAnswer
 
 MAX_BODY_BYTES = ServerLimits.max_body_bytes
 
@@ -83,41 +92,94 @@ def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None 
     async def completions(body: CompletionRequest, request: Request):
         service = _checked(get_service(), body.model)
         engine, prompt = service.engine, body.prompt
+        if body.stream and body.echo and body.logprobs is not None:
+            raise RequestError("echo with logprobs is answered whole, not streamed",
+                               path="stream", remedy="send stream=false")
+        options = _with_output(body.options(service.defaults), body, body.logprobs,
+                               prompt_logprobs=body.echo and body.logprobs is not None)
 
-        def budgeted() -> GenerationOptions:
-            return service.budgeted(body.options(service.defaults), body.max_tokens, lambda: (
+        def budgeted(choice: GenerationOptions) -> GenerationOptions:
+            return service.budgeted(choice, body.max_tokens, lambda: (
                 len(engine.tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)))
+        choices = choice_options(options, body.n)
+        echoed = (prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt)) \
+            if body.echo else ""
         if body.stream:
-            return await _streamed(service, body, "text_completion",
-                                   lambda: engine.stream(prompt, budgeted()))
-        result = await service.complete(lambda: engine.decode(prompt, budgeted()),
-                                        request.is_disconnected)
-        choice = {"index": 0, "text": result.text, "logprobs": None,
-                  "finish_reason": result.finish_reason}
-        return _envelope("cmpl", "text_completion", service.model_name, [choice],
-                         usage=_usage(result))
+            return await _streamed(service, body, "text_completion", [
+                lambda c=c: engine.stream(prompt, budgeted(c)) for c in choices],
+                echoed=echoed)
+        results = [await service.complete(lambda c=c: engine.decode(prompt, budgeted(c)),
+                                          request.is_disconnected) for c in choices]
+
+        def logprobs(result) -> dict | None:
+            if body.logprobs is None:
+                return None
+            ids, entries = list(result.token_ids), list(result.logprobs)
+            if body.echo:
+                prompt_ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) \
+                    else list(prompt)
+                ids, entries = prompt_ids + ids, list(result.prompt_logprobs) + entries
+            return completion_logprobs(engine.tokenizer, ids, entries)
+        return _envelope("cmpl", "text_completion", service.model_name, [
+            {"index": i, "text": echoed + result.text, "logprobs": logprobs(result),
+             "finish_reason": result.finish_reason} for i, result in enumerate(results)],
+            usage=_usage(results))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         service = _checked(get_service(), body.model)
-        engine, messages = service.engine, [m.as_dict() for m in body.messages]
+        engine = service.engine
+        template = getattr(engine, "chat_template", None)
+        has_developer_role = template is not None and "developer" in template.source
+        messages = [m.as_dict(has_developer_role=has_developer_role) for m in body.messages]
+        tools, answer = body.tool_list, ToolAnswer.of(body)
+        options = _with_output(body.options(service.defaults), body,
+                               (body.top_logprobs or 0) if body.logprobs else None,
+                               grammar=answer.grammar)
         # rendered before the request waits for the engine: a slow template holds no one
-        prompt, options = await run_in_threadpool(engine.prepare_chat, messages,
-                                                  body.options(service.defaults))
+        prompt, prepared = await run_in_threadpool(functools.partial(
+            engine.prepare_chat, messages, options, **({"tools": tools} if tools else {})))
+        # under a grammar the end-of-turn texts could match inside a JSON string: the
+        # grammar ends the answer, single-token ends are the ids it allows there
+        options = prepared if options.grammar is None else dataclasses.replace(
+            prepared, stop=options.stop)
 
-        def open_chat():
+        def open_chat(choice: GenerationOptions):
             return engine.stream(prompt, service.budgeted(
-                options, body.max_completion_tokens or body.max_tokens,
+                choice, body.max_completion_tokens or body.max_tokens,
                 lambda: len(engine.tokenizer.encode(prompt))))
+        choices = choice_options(options, body.n)
         if body.stream:
-            return await _streamed(service, body, "chat.completion.chunk", open_chat)
-        result = await service.complete(open_chat, request.is_disconnected)
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                  "logprobs": None, "finish_reason": result.finish_reason}
-        return _envelope("chatcmpl", "chat.completion", service.model_name, [choice],
-                         usage=_usage(result))
+            return await _streamed(service, body, "chat.completion.chunk", [
+                lambda c=c: open_chat(c) for c in choices], answer=answer if tools else None)
+        results = [await service.complete(lambda c=c: open_chat(c), request.is_disconnected)
+                   for c in choices]
+
+        def choice(i: int, result) -> dict:
+            content, calls = answer.parse(result.text) if tools else (result.text, [])
+            message = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [call.as_openai() for call in calls]
+            return {"index": i, "message": message, "logprobs": chat_logprobs(
+                engine.tokenizer, result.logprobs, body.top_logprobs or 0)
+                if body.logprobs else None, "finish_reason": "tool_calls" if calls
+                else result.finish_reason}
+        return _envelope("chatcmpl", "chat.completion", service.model_name,
+                         [choice(i, r) for i, r in enumerate(results)], usage=_usage(results))
 
     return app
+
+
+def _with_output(options: GenerationOptions, body: Any, logprobs: int | None, *,
+                 prompt_logprobs: bool = False, grammar: Grammar | None = None
+                 ) -> GenerationOptions:
+    """``options`` with what the answer must be (``response_format``'s grammar, or a forced
+    tool call's) and the log-probabilities asked, where the request asks."""
+    grammar = grammar or format_grammar(body.response_format)
+    changes: dict[str, Any] = {"grammar": grammar} if grammar is not None else {}
+    if logprobs is not None or prompt_logprobs:
+        changes.update(logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+    return dataclasses.replace(options, **changes) if changes else options
 
 
 def _checked(service: Service, model: str) -> Service:
@@ -127,22 +189,31 @@ def _checked(service: Service, model: str) -> Service:
     return service
 
 
-async def _streamed(service: Service, body: Any, kind: str,
-                    open_stream: Callable[[], Any]) -> StreamingResponse:
-    events = service.stream(open_stream)
+async def _streamed(service: Service, body: Any, kind: str, openers: list[Callable[[], Any]],
+                    *, echoed: str = "", answer: ToolAnswer | None = None
+                    ) -> StreamingResponse:
+    """The choices' chunks, one choice after another; the first is admitted before the 200
+    (a RequestError is a 4xx), the others as their turn comes (an error: a last event).
+    ``answer``: tools are on, so each choice's text is held and sent at its end as content or
+    tool calls."""
+    events = service.stream(openers[0])
     await events.__anext__()  # admitted: a RequestError is raised here, before 200
     prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
     ident, created = f"{prefix}-{uuid.uuid4().hex}", int(time.time())
     include_usage = body.include_usage
+    tokenizer = getattr(service.engine, "tokenizer", None)
 
-    def chunk(piece: Piece | None = None, finish_reason: str | None = None) -> str:
-        text = piece.text if piece is not None else ""
+    def chunk(index: int, delta: dict | None = None, finish_reason: str | None = None,
+              logprobs: list | None = None) -> str:
         if kind == "text_completion":
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            shaped = completion_logprobs(tokenizer, [e.token for e in logprobs], logprobs) \
+                if logprobs is not None else None
+            choice = {"index": index, "text": (delta or {}).get("content", ""),
+                      "logprobs": shaped, "finish_reason": finish_reason}
         else:
-            delta = {"role": "assistant", "content": ""} if piece is None else (
-                {"content": text} if finish_reason is None else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None,
+            shaped = chat_logprobs(tokenizer, logprobs, body.top_logprobs or 0) \
+                if logprobs is not None else None
+            choice = {"index": index, "delta": delta or {}, "logprobs": shaped,
                       "finish_reason": finish_reason}
         payload = {"id": ident, "object": kind, "created": created,
                    "model": service.model_name, "choices": [choice]}
@@ -150,19 +221,43 @@ async def _streamed(service: Service, body: Any, kind: str,
             payload["usage"] = None
         return _sse(payload)
 
+    def wanted(piece: Piece) -> list | None:
+        return piece.logprobs if body.logprobs is not None and body.logprobs is not False \
+            else None
+
     async def body_events() -> AsyncIterator[str]:
+        nonlocal events
+        results = []
         try:
-            if kind != "text_completion":
-                yield chunk()  # the assistant's role first, as OpenAI sends it
-            async for piece in events:
-                if piece.result is None:
-                    yield chunk(piece)
-                    continue
-                yield chunk(piece, piece.result.finish_reason)
-                if include_usage:
-                    yield _sse({"id": ident, "object": kind, "created": created,
-                                "model": service.model_name, "choices": [],
-                                "usage": _usage(piece.result)})
+            for index, opener in enumerate(openers):
+                if index:
+                    events = service.stream(opener)
+                    await events.__anext__()
+                if kind != "text_completion":  # the assistant's role first, as OpenAI sends
+                    yield chunk(index, {"role": "assistant", "content": ""})
+                elif echoed:
+                    yield chunk(index, {"content": echoed})
+                held = []
+                async for piece in events:
+                    if piece.result is None:
+                        if answer is None:
+                            yield chunk(index, {"content": piece.text},
+                                        logprobs=wanted(piece))
+                        else:
+                            held.append(piece)
+                        continue
+                    results.append(piece.result)
+                    if answer is not None:
+                        for event in _tool_answer(chunk, index, answer, piece.result, held):
+                            yield event
+                        continue
+                    yield chunk(index, {"content": piece.text} if piece.text else {},
+                                piece.result.finish_reason, logprobs=wanted(piece))
+                await events.aclose()
+            if include_usage:
+                yield _sse({"id": ident, "object": kind, "created": created,
+                            "model": service.model_name, "choices": [],
+                            "usage": _usage(results)})
         except SpeculantError as error:  # after 200: the error travels as an event
             status = getattr(error, "status", 500)
             service.metrics.observe_error(status)
@@ -176,14 +271,30 @@ async def _streamed(service: Service, body: Any, kind: str,
                              headers={"Cache-Control": "no-cache"})
 
 
+def _tool_answer(chunk: Callable[..., str], index: int, answer: ToolAnswer, result: Any,
+                 held: list[Piece]) -> list[str]:
+    """The held text of a choice with tools, sent whole: as tool calls where it makes
+    them, else as content; then its finish."""
+    content, calls = answer.parse(result.text)
+    entries = [e for piece in held for e in piece.logprobs] or None
+    events = [chunk(index, {"content": content}, logprobs=entries)] if content else []
+    if calls:
+        events.append(chunk(index, {"tool_calls": [
+            {"index": j, **call.as_openai()} for j, call in enumerate(calls)]}))
+    events.append(chunk(index, None, "tool_calls" if calls else result.finish_reason))
+    return events
+
+
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def _usage(result: Any) -> dict:
-    completion = len(result.token_ids)
-    return {"prompt_tokens": result.num_prompt_tokens, "completion_tokens": completion,
-            "total_tokens": result.num_prompt_tokens + completion}
+def _usage(results: list) -> dict:
+    """Usage of a request's choices: the prompt once, every choice's tokens."""
+    prompt = results[0].num_prompt_tokens if results else 0
+    completion = sum(len(result.token_ids) for result in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 def _envelope(prefix: str, kind: str, model: str, choices: list, *, usage: dict) -> dict:

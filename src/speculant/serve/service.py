@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from speculant import GenerationOptions
@@ -27,10 +27,12 @@ STEP_SLICE_S = 0.05  # a non-streamed request's engine call decodes this long be
 
 @dataclass
 class Piece:
-    """A text piece of a stream; the last one carries the result."""
+    """A text piece of a stream; the last one carries the result. ``logprobs``: the entries
+    of the tokens committed since the previous piece, where the request records them."""
 
     text: str
     result: Any = None
+    logprobs: list = field(default_factory=list)
 
 
 class ClientGoneError(Exception):
@@ -103,17 +105,20 @@ class Service:
                 await self._step(ticket, lambda: opened.setdefault("decode", open_decode()),
                                  "admitting it")
                 yield None
-                pieces, is_done = iter(opened["decode"]), False
+                pieces, is_done, num_sent = iter(opened["decode"]), False, 0
                 while not is_done:
                     taken, is_done = await self._step(
                         ticket, lambda: _advance(pieces, slice_s), "decoding")
                     first_at = first_at or (loop.time() if taken else None)
                     if taken:
-                        yield Piece("".join(t for t in taken if isinstance(t, str)))
+                        recorded = _recorded(opened["decode"])
+                        yield Piece("".join(t for t in taken if isinstance(t, str)),
+                                    logprobs=recorded[num_sent:])
+                        num_sent = len(recorded)
                 result, reason = opened["decode"].result, "finished"
                 self.metrics.observe_finished(result, (first_at or loop.time())
                                               - ticket.arrived_at, loop.time() - ticket.arrived_at)
-                yield Piece("", result)
+                yield Piece("", result, _recorded(opened["decode"])[num_sent:])
             except DeadlineExceededError:
                 reason = "timeout"
                 raise
@@ -133,6 +138,13 @@ class Service:
             raise self.admission.late(ticket, doing) from None
         ticket.last_step_at = asyncio.get_running_loop().time()
         return outcome
+
+
+def _recorded(decode: Any) -> list:
+    """The log-probability entries a decode (or the stream over it) has recorded so far."""
+    state = getattr(getattr(decode, "decode", decode), "state", None)
+    recorded = getattr(state, "logprobs", None)
+    return recorded.generated if recorded is not None else []
 
 
 def _advance(pieces: Iterator, slice_s: float) -> tuple[list, bool]:

@@ -22,6 +22,11 @@ from speculant.workflow.target_pass import TargetPass, capture_widths
 def choose_route(state: DecodeState, target: TargetPass, proposer: Proposer | None) -> Route:
     """How this decode's rounds run, decided once at admission, with its reason."""
     in_place = state.sampler is None and state.cells.is_in_place
+    if state.constraint is not None or state.logprobs is not None:  # rows read every round
+        why = ("a grammar masks every chosen row" if state.constraint is not None else
+               "log-probabilities read every committed row")
+        return Route(HOST_ROUNDS, in_place and state.constraint is None, 0,
+                     f"reference: each round read before the next ({why})")
     depth = target.queue_depth if in_place and not target.control_ports else 0
     can_queue = getattr(proposer, "can_queue", None)
     if depth and can_queue is not None and can_queue(state):
@@ -54,7 +59,7 @@ def decode(state: DecodeState, target: TargetPass, proposer: Proposer | None,
     #    token (argmax, or a draw from T(row)), at position P, which becomes pending.
     prefill = target.run(state.tokens, 0, state.cells, state.admitted, state.controls)
     last_row = state.seam.last_along_axis(prefill.logits, prefill.logits.rank - 2)  # [1,1,V]
-    first, _ = choose(state.seam, state.sampler, last_row, len(state.tokens))
+    first, _ = choose(state.seam, state.sampler, last_row, len(state.tokens), state.constraint)
     yield from state.record_prefill(prefill, first)
     with policy.measuring():
         # 3. Every width the policy may choose is planned (captured) before the first round.

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from speculant.tensors import TensorSeam, Value
+from speculant.workflow.constraint import Constraint
 from speculant.workflow.sampler import Sampler
 
 
@@ -33,7 +34,8 @@ def greedy_accept(block: Sequence[int], target: Sequence[int]) -> int:
 
 
 def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logits: Value,
-           q: Sequence[Value] | None, start: int) -> tuple[int, int]:
+           q: Sequence[Value] | None, start: int,
+           constraint: Constraint | None = None) -> tuple[int, int]:
     """``(num_accepted, t[num_accepted])`` for the block ``[p, d_1 … d_k]`` at sequence
     positions ``start … start + k`` from the verification scores ``logits`` [1, k + 1, V]
     (row ``i`` scores the token after ``block[0..i]``, at position ``start + i + 1``).
@@ -45,8 +47,14 @@ def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logi
     against ``p_i = T(row i − 1)`` with the drafts' distributions ``q`` (None:
     deterministic drafts, ``q = δ_d``), drawing ``k`` acceptance uniforms then the
     correction or bonus; the count and the token are read back (8 bytes).
+
+    ``constraint``: every row is first masked by the grammar, advanced along the drafts
+    (workflow/constraint.py), so the target's choice at each row is one the grammar allows
+    and a draft it refuses is never accepted.
     """
     drafts = block[1:]
+    if constraint is not None:
+        logits = constraint.mask_rows(seam, logits, drafts)
     if sampler is None or sampler.is_keyed:
         choices = seam.argmax_rows(logits) if sampler is None else seam.sample_keyed(
             logits, sampler.params, sampler.key, start + 1)  # [k + 1] int32

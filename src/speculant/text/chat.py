@@ -4,10 +4,10 @@ The template comes from ``tokenizer_config.json`` beside ``tokenizer.json`` (key
 ``chat_template``, ``bos_token``, ``eos_token``, as Hugging Face writes them). It is rendered
 with jinja2 in a sandbox with transformers' settings (``trim_blocks``, ``lstrip_blocks``,
 ``raise_exception``, ``tojson``) and variables (``messages``, ``add_generation_prompt``,
-``bos_token``, ``eos_token``), in a worker process that bounds each render's time, output and
-memory (``template_worker.py``; :class:`TemplateLimits`). The end-of-turn tokens — the special
-tokens the template writes right after an assistant message, and the EOS token — stop
-generation in a chat.
+``bos_token``, ``eos_token``, ``tools``), in a worker process that bounds each render's
+time, output and memory (``template_worker.py``; :class:`TemplateLimits`). The end-of-turn
+tokens — the special tokens the template writes right after an assistant message, and the
+EOS token — stop generation in a chat.
 
 A template is checked when it is read: a trial render of a one-message conversation, bounded
 alike, must give text, or the template is refused with a :class:`MetadataError` naming its
@@ -79,12 +79,16 @@ class ChatTemplate:
             t for t in dict.fromkeys((ending, self.eos_token)) if t))
 
     def render(self, messages: Sequence[Mapping[str, object]], *,
-               add_generation_prompt: bool = True) -> str:
-        """The prompt text of ``messages``; any failure of the render is a
-        :class:`RequestError` naming the template's file."""
+               add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, object]] | None = None) -> str:
+        """The prompt text of ``messages``; ``tools``: function definitions in OpenAI's form
+        (``{"type": "function", "function": {name, description, parameters}}``), the
+        template's ``tools`` variable as transformers passes it. Any failure of the render
+        is a :class:`RequestError` naming the template's file."""
         checked = check_messages(messages)
         try:
-            return self._render(checked, add_generation_prompt=add_generation_prompt)
+            return self._render(checked, add_generation_prompt=add_generation_prompt,
+                                tools=tools)
         except RenderFailure as failure:
             raise _request_error(failure, self.file) from None
 
@@ -95,10 +99,12 @@ class ChatTemplate:
         return self.endings
 
     def _render(self, messages: Sequence[Mapping[str, object]], *,
-                add_generation_prompt: bool) -> str:
+                add_generation_prompt: bool,
+                tools: Sequence[Mapping[str, object]] | None = None) -> str:
         return worker_for(self.limits).render(self.source, {
             "messages": list(messages), "add_generation_prompt": add_generation_prompt,
-            "bos_token": self.bos_token, "eos_token": self.eos_token})
+            "bos_token": self.bos_token, "eos_token": self.eos_token,
+            "tools": None if tools is None else list(tools)})
 
 
 def checked_limits(limits: object) -> TemplateLimits:

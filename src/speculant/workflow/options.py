@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from speculant.errors import RequestError
+from speculant.workflow.constraint import Grammar
 from speculant.workflow.sampler import ACCEPTANCE_METHODS, GUMBEL
 
 
@@ -42,7 +43,11 @@ class GenerationOptions:
     strings end the text where they first appear (the stop text is not emitted);
     ``stop_token_ids`` add to the package's EOS ids, which stop the stream unless
     ``stop_on_eos`` is False. ``max_context`` caps the
-    stream's length; ``ngram_range = (n_min, n_max)`` is prompt lookup's."""
+    stream's length; ``ngram_range = (n_min, n_max)`` is prompt lookup's. ``grammar``: the
+    output must match it (:class:`~speculant.workflow.constraint.Grammar`; the ``structured``
+    extra), with or without speculation. ``logprobs``: record each generated token's
+    log-probability under the target with this many alternatives (``prompt_logprobs``: the
+    prompt's too), in ``Generation.logprobs``."""
 
     max_new_tokens: int = _option(64, "Tokens to generate at most.")
     proposer: str | None = None  # its command-line help lists the kinds registry
@@ -67,6 +72,9 @@ class GenerationOptions:
     stop_on_eos: bool = True
     max_context: int | None = None
     ngram_range: tuple[int, int] = (1, 3)
+    grammar: Grammar | None = None
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
 
     @classmethod
     def of(cls, options: GenerationOptions | int | None = None, /,
@@ -114,7 +122,11 @@ class GenerationOptions:
             stop_on_eos=_boolean("stop_on_eos", self.stop_on_eos),
             max_context=(None if self.max_context is None
                          else _integer("max_context", self.max_context, low=1)),
-            ngram_range=_ngram_range(self.ngram_range))
+            ngram_range=_ngram_range(self.ngram_range),
+            grammar=_grammar(self.grammar),
+            logprobs=None if self.logprobs is None else _integer("logprobs", self.logprobs,
+                                                                 low=0),
+            prompt_logprobs=_boolean("prompt_logprobs", self.prompt_logprobs))
 
 
 FIELD_NAMES = frozenset(f.name for f in fields(GenerationOptions))
@@ -233,6 +245,16 @@ def _stop_strings(value: object) -> tuple[str, ...]:
         raise RequestError("a stop string is empty", path="stop", value=strings,
                            expected="non-empty strings")
     return strings
+
+
+def _grammar(value: object) -> Grammar | None:
+    if value is None:
+        return None
+    if not isinstance(value, Grammar):
+        raise RequestError("grammar must be a Grammar", path="grammar",
+                           value=type(value).__name__,
+                           expected="Grammar.json_schema(...), .lark(...), .regex(...) or None")
+    return value.checked()
 
 
 def _ngram_range(value: object) -> tuple[int, int]:

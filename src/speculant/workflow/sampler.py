@@ -22,6 +22,7 @@ import numpy as np
 
 from speculant.tensors import TensorSeam, Value
 from speculant.tensors.sampling import Sampling, seed_key
+from speculant.workflow.constraint import Constraint
 
 GUMBEL, REJECTION = "gumbel", "rejection"
 ACCEPTANCE_METHODS = (GUMBEL, REJECTION)
@@ -49,12 +50,15 @@ class Sampler:
         return [float(u) for u in self.rng.random(count)]
 
 
-def choose(seam: TensorSeam, sampler: Sampler | None, row: Value,
-           position: int) -> tuple[int, Value | None]:
+def choose(seam: TensorSeam, sampler: Sampler | None, row: Value, position: int,
+           constraint: Constraint | None = None) -> tuple[int, Value | None]:
     """The token at sequence position ``position`` for one score row ``row`` [..., 1, V]: its
     argmax (greedy: ``sampler`` is None), the keyed Gumbel-max draw from ``T(row)``, or
     (rejection) a draw from ``T(row)`` by the request's generator, returned with that
-    distribution [1, V] float32 (where the row lives) for the verifier. 4 bytes read back."""
+    distribution [1, V] float32 (where the row lives) for the verifier. 4 bytes read back.
+    ``constraint``: the row masked by the grammar first."""
+    if constraint is not None:
+        row = constraint.mask_rows(seam, row, ())
     if sampler is None:
         return seam.read_token_ids(seam.argmax_rows(row))[0], None
     if sampler.is_keyed:

@@ -12,6 +12,8 @@ from speculant.package.package import Package
 from speculant.package.plan import CellPlan, LoadPlan
 from speculant.tensors import HOST, NO_TOKEN, NUMPY_DTYPES, TensorSeam, Value
 from speculant.workflow.cells import AppendedCells, StaticCells, StaticPool, request_capacity
+from speculant.workflow.constraint import Constraint
+from speculant.workflow.logprobs import Logprobs
 from speculant.workflow.request import Admitted
 from speculant.workflow.sampler import Sampler
 from speculant.workflow.stats import DecodeStats
@@ -134,12 +136,15 @@ class DecodeState:
     sampler: Sampler | None = None  # T(row) and the request's generator; None: greedy
     text: StopText | None = None  # the committed text and its stop strings, when wanted
     target_file: str = ""  # the target's artifact, for messages
+    constraint: Constraint | None = None  # the grammar's mask over every chosen row
+    logprobs: Logprobs | None = None  # committed tokens' log-probabilities, when asked
 
     @classmethod
     def start(cls, seam: TensorSeam, package: Package, rules: StopRules, admitted: Admitted,
               prompt_ids: Iterable[int], *, sampler: Sampler | None = None,
               text: StopText | None = None, k: int = 0, residency: str = HOST,
-              pool: StaticPool | None = None) -> DecodeState:
+              pool: StaticPool | None = None, constraint: Constraint | None = None,
+              logprobs: Logprobs | None = None) -> DecodeState:
         """The state before the prefill: empty caches (static caches: the buffers, allocated
         once in ``residency`` for a request of width up to ``k``), the admitted controls."""
         tokens = [int(t) for t in prompt_ids]
@@ -148,7 +153,8 @@ class DecodeState:
                             pool=pool)
         return cls(seam, package.plan, rules, admitted, tokens, len(tokens), cells,
                    dict(admitted.initial_controls), sampler=sampler, text=text,
-                   target_file=str(package.artifacts.get(package.plan.target, package.root)))
+                   target_file=str(package.artifacts.get(package.plan.target, package.root)),
+                   constraint=constraint, logprobs=logprobs)
 
     @classmethod
     def after_pass(cls, seam: TensorSeam, plan: LoadPlan, admitted: Admitted,
@@ -205,8 +211,14 @@ class DecodeState:
             if self.seam.read_token_ids(self.seam.argmax_rows(row))[0] == NO_TOKEN:
                 raise self._no_finite_scores()
         self.stats.record_prefill(self.sampler is not None)
+        if self.logprobs is not None and self.logprobs.wants_prompt:
+            self.logprobs.record_prompt(self.seam, pass_result.logits, pass_result.tokens)
         self.advance(pass_result, len(pass_result.tokens))
-        return self.commit([first])
+        committed = self.commit([first])
+        if self.logprobs is not None:  # the prefill's last row chose it
+            self.logprobs.record(self.seam, pass_result.logits, committed,
+                                 first_row=len(pass_result.tokens) - 1)
+        return committed
 
     def record(self, result: RoundResult) -> list[int]:
         """Record one round: roll back to ``C + num_accepted`` (the chain context becomes
@@ -215,7 +227,10 @@ class DecodeState:
                                result.num_proposer_rows, self.sampler is not None,
                                len(self.plan.rollback_state), result.is_queued)
         self.advance(result.verify_pass, result.num_accepted)
-        return self.commit(result.tokens)
+        committed = self.commit(result.tokens)
+        if self.logprobs is not None:  # row i of the verify pass chose committed token i
+            self.logprobs.record(self.seam, result.verify_pass.logits, committed)
+        return committed
 
     def stop(self, reason: str) -> None:
         """End the decode from outside the loop (a closed stream, inactive controls)."""
@@ -232,6 +247,8 @@ class DecodeState:
                 raise self._no_finite_scores()
             self.tokens.append(int(token))
             committed.append(int(token))
+            if self.constraint is not None:
+                self.constraint.commit(token)
             self.stop_reason = self._stop_after(int(token))
         self.stats.record_commit(len(committed))
         if self.is_stopped:
@@ -258,6 +275,8 @@ class DecodeState:
             return "stop_string"
         if self.rules.context_cap is not None and len(self.tokens) >= self.rules.context_cap:
             return "context_full"
+        if self.constraint is not None and self.constraint.is_finished:
+            return "grammar"
         return None
 
     def advance(self, pass_result: PassResult, num_kept: int) -> None:

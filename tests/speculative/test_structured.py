@@ -1,0 +1,135 @@
+"""Constrained decoding with speculation: under a JSON schema, every proposer commits the
+target's constrained plain output, token for token, and the text validates against the
+schema (workflow/constraint.py; docs/design/structured.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import speculant
+from speculant import GenerationOptions, Grammar, RequestError
+from speculant.tensors import Value, make_seam
+
+pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema validates the outputs")
+
+DEMO = Path(speculant.__file__).parent / "demo"
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 99},
+                   "kind": {"enum": ["cat", "dog"]},
+                   "tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                            "maxItems": 3},
+                   "ok": {"type": "boolean"}},
+    "required": ["name", "age", "kind", "tags", "ok"],
+    "additionalProperties": False,
+}
+PROMPTS = ["def get_user():\n    return ", "user = "]
+
+
+@pytest.fixture(scope="module")
+def demo() -> speculant.Engine:
+    return speculant.load(DEMO, draft=DEMO.parent / "demo_draft")
+
+
+@pytest.fixture(scope="module")
+def demo_static(tmp_path_factory) -> speculant.Engine:
+    """The demo pair with static caches: greedy chained drafts stay where they were made."""
+    from speculant_tools.export import convert
+
+    return speculant.load(convert(DEMO, tmp_path_factory.mktemp("demo") / "static", "float32",
+                                  cache="static"))
+
+
+def constrained(engine, prompt, **options):
+    return engine.generate(prompt, GenerationOptions(max_new_tokens=80,
+                                                     grammar=Grammar.json_schema(SCHEMA),
+                                                     **options))
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("proposer, k", [("prompt_lookup", 4), ("chained", 4),
+                                         ("chained", "auto"), ("draft", 3)])
+def test_speculative_constrained_output_is_plain_constrained_output(demo, prompt, proposer,
+                                                                    k):
+    plain = constrained(demo, prompt)
+    speculative = constrained(demo, prompt, proposer=proposer, k=k)
+    assert speculative.token_ids == plain.token_ids
+    assert plain.finish_reason == "stop" and plain.stats.stop_reason == "grammar"
+    jsonschema.validate(json.loads(plain.text), SCHEMA)
+    if k == 4 and proposer == "chained":  # drafts were verified (auto may pick width 0)
+        assert speculative.stats.mean_accepted_length > 1
+
+
+def test_static_caches_read_in_place_drafts_under_a_grammar(demo_static):
+    plain = constrained(demo_static, PROMPTS[0])
+    speculative = constrained(demo_static, PROMPTS[0], proposer="chained", k=4)
+    assert speculative.token_ids == plain.token_ids
+    jsonschema.validate(json.loads(plain.text), SCHEMA)
+
+
+def test_sampled_constrained_output_is_the_same_with_speculation(demo):
+    options = dict(temperature=0.9, seed=11)
+    plain = constrained(demo, PROMPTS[1], **options)
+    speculative = constrained(demo, PROMPTS[1], proposer="chained", k=4, **options)
+    assert speculative.token_ids == plain.token_ids
+    jsonschema.validate(json.loads(plain.text), SCHEMA)
+
+
+def test_json_object_mode_gives_an_object(demo):
+    result = demo.generate("x = ", GenerationOptions(max_new_tokens=60, proposer="chained",
+                                                     grammar=Grammar.json_schema()))
+    if result.finish_reason == "stop":
+        assert isinstance(json.loads(result.text), dict)
+    else:  # cut by max_new_tokens: a prefix of an object
+        assert result.text.startswith("{")
+
+
+def test_without_a_grammar_the_text_is_not_json(demo):
+    """The grammar is what makes the output JSON (the test above would pass vacuously if the
+    model wrote it anyway)."""
+    text = demo.generate(PROMPTS[0], GenerationOptions(max_new_tokens=30)).text
+    with pytest.raises(ValueError):
+        json.loads(text)
+
+
+def test_a_draft_the_grammar_refuses_ends_the_masked_rows(demo):
+    from speculant.workflow.constraint import compile_constraint
+
+    tokenizer = demo.tokenizer
+    constraint = compile_constraint(Grammar.json_schema(SCHEMA), demo.package.tokenizer_file,
+                                    [0], demo.vocab_size)
+    brace, = tokenizer.encode("{", add_special_tokens=False)
+    quote = tokenizer.encode('"', add_special_tokens=False)[0]
+    letter = tokenizer.encode("x", add_special_tokens=False)[0]
+    seam = make_seam("cpu")
+    scores = Value.host(
+        np.random.default_rng(0).standard_normal((1, 4, demo.vocab_size)).astype(np.float32))
+    masked = constraint.mask_rows(seam, scores, [brace, letter, quote]).data
+    assert np.isfinite(masked[0, 0, brace]) and not np.isfinite(masked[0, 0, letter])
+    assert np.isfinite(masked[0, 1, quote]) and not np.isfinite(masked[0, 1, letter])
+    assert np.array_equal(masked[0, 2:], scores.data[0, 2:])  # after the refused draft
+    again = constraint.mask_rows(seam, scores, [])  # the matcher moved back
+    assert np.array_equal(again.data[0, 0], masked[0, 0])
+
+
+def test_a_schema_that_does_not_compile_is_a_request_error(demo):
+    with pytest.raises(RequestError) as refused:
+        demo.generate("x", GenerationOptions(max_new_tokens=4,
+                                             grammar=Grammar.json_schema({"type": "objekt"})))
+    assert refused.value.problems[0].path == "grammar" and "objekt" in str(refused.value)
+    with pytest.raises(RequestError, match="grammar must be a Grammar"):
+        demo.generate("x", GenerationOptions(max_new_tokens=4, grammar={"type": "object"}))
+
+
+def test_without_llguidance_a_grammar_names_the_extra(demo, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llguidance", None)
+    with pytest.raises(RequestError) as refused:
+        demo.generate("x", GenerationOptions(max_new_tokens=4, grammar=Grammar.json_schema()))
+    assert "speculant[structured]" in str(refused.value)
