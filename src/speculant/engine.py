@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -314,10 +313,10 @@ class Engine:
 
 
 def is_prompt_list(prompt: object) -> bool:
-    """A list (or tuple) of prompts: not empty, no item an integer (a flat list of token
-    ids is one prompt)."""
-    return isinstance(prompt, list | tuple) and bool(prompt) and not any(
-        isinstance(item, numbers.Integral) for item in prompt)
+    """A list (or tuple) of prompts: not empty, each item a text or a sequence of token ids
+    (a flat list of token ids is one prompt)."""
+    return isinstance(prompt, list | tuple) and bool(prompt) and all(
+        isinstance(item, str | list | tuple | np.ndarray) for item in prompt)
 
 
 def of_prompt(error: SpeculantError, index: int) -> SpeculantError:
