@@ -130,17 +130,17 @@ LAYERS = {
     "session": 2,
     "workflow": 3,
     "speculative": 4,
-    "engine": 5, "generation": 5,
-    "": 6, "cli": 6, "__main__": 7, "serve": 7,
+    "engine": 5, "generation": 5, "aio": 5,
+    "": 6, "cli": 6, "chat_repl": 6, "__main__": 7, "serve": 7,
 }
 # Line ceilings of the runtime's layers (src/speculant, the served API included). A ceiling
 # rises only in a commit that adds a capability and says by how much; any other growth comes
 # with a deletion beside it. The change a commit makes is `git diff --stat`'s to report.
 LAYER_CEILINGS = {
     "package": 3_578, "tensors": 2_066, "text": 815, "session": 927, "workflow": 1_691,
-    "speculative": 2_018, "engine and API": 1_288, "serve": 1_676,
+    "speculative": 2_040, "engine and API": 1_980, "serve": 1_676,
 }
-RUNTIME_CEILING = 14_059  # the sum
+RUNTIME_CEILING = 14_773  # the sum
 MODULE_LINE_LIMIT = 500
 
 

@@ -5,8 +5,11 @@
     options = speculant.GenerationOptions(max_new_tokens=64, proposer="chained", k=4)
     result = engine.generate("def fib(n):", options)
     print(result.text, result.finish_reason, result.stats.mean_accepted_length)
-    for piece in engine.stream("def fib(n):", options):  # admitted before the first piece
-        print(piece, end="")
+    with engine.stream("def fib(n):", options) as pieces:  # admitted before the first piece
+        for piece in pieces:
+            print(piece, end="")
+    results = engine.generate(["def a():", "def b():"], options)  # a list: one result each
+    # asyncio: await speculant.AsyncEngine(engine).generate(...), async for ... in .stream(...)
 
 Names are imported on first use (``import speculant`` loads only the errors), so the command
 can answer an interrupt during its heavy imports (__main__.py).
@@ -29,6 +32,7 @@ from speculant.errors import (
 )
 
 if TYPE_CHECKING:
+    from speculant.aio import AsyncEngine, AsyncStream
     from speculant.engine import Engine, load
     from speculant.generation import Decode, Generation, Stream
     from speculant.session.session import share_cpu_pool
@@ -36,15 +40,16 @@ if TYPE_CHECKING:
     from speculant.workflow.options import GenerationOptions
     from speculant.workflow.stats import DecodeStats
 
-_LAZY = {"Engine": "engine", "load": "engine", "Decode": "generation", "Generation": "generation",
-         "Stream": "generation", "share_cpu_pool": "session.session",
-         "GenerationOptions": "workflow.options", "DecodeStats": "workflow.stats",
-         "Grammar": "workflow.constraint"}
+_LAZY = {"AsyncEngine": "aio", "AsyncStream": "aio", "Engine": "engine", "load": "engine",
+         "Decode": "generation", "Generation": "generation", "Stream": "generation",
+         "share_cpu_pool": "session.session", "GenerationOptions": "workflow.options",
+         "DecodeStats": "workflow.stats", "Grammar": "workflow.constraint"}
 
 __all__ = [
-    "AdmissionError", "ChainError", "ContractError", "Decode", "DecodeStats", "Engine",
-    "Generation", "GenerationOptions", "Grammar", "MetadataError", "RequestError", "ResidencyError",
-    "SpeculantError", "Stream", "UnsupportedError", "load", "share_cpu_pool",
+    "AdmissionError", "AsyncEngine", "AsyncStream", "ChainError", "ContractError", "Decode",
+    "DecodeStats", "Engine", "Generation", "GenerationOptions", "Grammar", "MetadataError",
+    "RequestError", "ResidencyError", "SpeculantError", "Stream", "UnsupportedError", "load",
+    "share_cpu_pool",
 ]
 
 

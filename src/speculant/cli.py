@@ -72,15 +72,20 @@ OPTION_HELP = {f.name: f.metadata.get("help") for f in fields(GenerationOptions)
     "proposer": PROPOSER_HELP}
 
 
-def generation_options(*names: str, flags: Mapping[str, tuple[str, ...]] | None = None
-                       ) -> Callable:
+def generation_options(*names: str, flags: Mapping[str, tuple[str, ...]] | None = None,
+                       defaults: Mapping[str, object] | None = None,
+                       helps: Mapping[str, str] | None = None) -> Callable:
     """Give a typer command an option for each field ``names`` of :class:`GenerationOptions`,
-    defaulting to :data:`DEFAULTS` with the field's help (``flags`` renames an option); the
-    command receives them in its ``**fields``, for :func:`options_of`."""
+    defaulting to :data:`DEFAULTS` with the field's help (``flags`` renames an option,
+    ``defaults`` and ``helps`` replace a default and a help); the command receives them in
+    its ``**fields``, for :func:`options_of`."""
     hints, renamed = get_type_hints(GenerationOptions), flags or {}
-    added = [Parameter(name, Parameter.KEYWORD_ONLY, default=getattr(DEFAULTS, name),
+    own_defaults, own_helps = defaults or {}, helps or {}
+    added = [Parameter(name, Parameter.KEYWORD_ONLY,
+                       default=own_defaults.get(name, getattr(DEFAULTS, name)),
                        annotation=Annotated[OPTION_TYPES.get(name, hints[name]), typer.Option(
-                           *renamed.get(name, ()), help=OPTION_HELP[name])])
+                           *renamed.get(name, ()),
+                           help=own_helps.get(name, OPTION_HELP[name]))])
              for name in names]
 
     def add_options(command: Callable) -> Callable:
@@ -183,61 +188,51 @@ def generate(
 
 
 @app.command()
-@generation_options(*REQUEST_OPTIONS)
+@generation_options(*REQUEST_OPTIONS, defaults={"max_new_tokens": None}, helps={
+    "max_new_tokens": "Tokens an answer may take at most (default: the rest of the context).",
+    "proposer": PROPOSER_HELP + " Default: the first the package allows."})
 def chat(
     package: PackageArg = None,
     system: Annotated[str | None, typer.Option(help="A system message that opens the "
                                                     "conversation.")] = None,
-    speculative: Speculative = False,
+    speculative: Annotated[bool, typer.Option(help="Speculate with the first proposer the "
+                                                   "package allows: its chained drafter, a "
+                                                   "--draft model, else prompt lookup.")] = True,
     draft: DraftOpt = None,
     device: Device = "cpu",
     threads: Threads = None,
     **fields: Any,
 ) -> None:
-    """Talk with the package's model: each answer streams; /stats shows the last answer's
-    statistics, /reset starts over, /exit (or end of input) leaves."""
+    """Talk with the package's model, as `ollama run` does: answers stream to the end of
+    the model's turn; Ctrl-C stops an answer and keeps the conversation; /help lists the
+    commands; Ctrl-D, Ctrl-C at the prompt or /bye leaves."""
+    from speculant.chat_repl import ChatRepl, reader_for
+    from speculant.speculative.kinds import available_kind
+
     try:
-        options = options_of(fields, speculative=speculative, draft=draft)
+        cap = fields.pop("max_new_tokens")
+        options = options_of({**fields, "max_new_tokens": DEFAULTS.max_new_tokens},
+                             draft=draft)
         engine = load_engine(package, device, draft, threads)
-        # no template, or options the engine refuses: refused now, before the first turn
-        engine.admit(engine.render_chat([{"role": "user", "content": "hi"}]), options)
+        if options.proposer is None and speculative:
+            options = GenerationOptions.of(options, proposer=available_kind(
+                engine.proposer_sources))
+        repl = ChatRepl(engine, options, reader_for(sys.stdin, sys.stdout), sys.stdout,
+                        say=lambda text: stderr.print(escape(text), highlight=False),
+                        show_error=print_error, show_stats=show_stats, system=system,
+                        max_new_tokens=cap)
+        repl.check()  # no template, or options the engine refuses: refused before a turn
     except SpeculantError as error:
         fail(error)
-    opening = [{"role": "system", "content": system}] if system else []
-    messages, last = list(opening), None
-    stderr.print("/stats, /reset, /exit", highlight=False)
-    while True:
-        sys.stdout.write("> ")
-        sys.stdout.flush()
-        line = sys.stdin.readline()
-        command = line.strip()
-        if not line or command == "/exit":
-            break
-        if command == "/reset":
-            messages, last = list(opening), None
-            continue
-        if command == "/stats":
-            if last is None:
-                stderr.print("no answer yet", highlight=False)
-            else:
-                print_summary(last)
-                print_stats(last.stats)
-            continue
-        if not command:
-            continue
-        try:
-            pieces = engine.chat_stream([*messages, {"role": "user", "content": line.rstrip(
-                "\n")}], options)
-            for piece in pieces:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-        except SpeculantError as error:
-            print_error(error)
-            continue
-        sys.stdout.write("\n")
-        last = pieces.result
-        messages += [{"role": "user", "content": line.rstrip("\n")},
-                     {"role": "assistant", "content": last.text or ""}]
+    proposer = options.proposer or "none (plain decoding)"
+    stderr.print(f"speculant chat: {escape(str(package or DEFAULT_PACKAGE))}, speculation: "
+                 f"{proposer}. /? for help, Ctrl-D or /bye to leave.", highlight=False)
+    repl.run()
+
+
+def show_stats(result) -> None:
+    print_summary(result)
+    print_stats(result.stats)
 
 
 def print_summary(result) -> None:

@@ -1,22 +1,23 @@
 """`load()` and `Engine`: a loaded package, its sessions, and the request-scoped API
-(`generate`, `stream`, `chat`, `chat_stream`, `decode`).
+(`generate`, `stream`, `chat`, `chat_stream`, `decode`); speculant/aio.py gives it to asyncio.
 
 Every request is admitted — its options checked by type and range, its prompt against the
 vocabulary and the context, its proposer against its kind's bound — before its first token;
 its statistics come back with its result. Requests to one engine are served one at a time,
 in arrival order: a :class:`Decode` (or the :class:`Stream` over it) holds the engine from
-admission until it is exhausted or closed.
+admission until it is exhausted or closed (generation.py says when an abandoned one is closed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from speculant.errors import RequestError
+from speculant.errors import RequestError, SpeculantError
 from speculant.generation import Decode, Generation, Stream, Turns
 from speculant.package.package import Package
 from speculant.session.graphs import decide
@@ -162,15 +163,27 @@ class Engine:
         self._turns = Turns()
 
     # -- the request-scoped API -----------------------------------------------------------
-    def generate(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
-                 inputs: Mapping[str, np.ndarray] | None = None, **fields) -> Generation:
+    def generate(self, prompt: Prompt | Sequence[Prompt],
+                 options: GenerationOptions | int | None = None, /, *,
+                 inputs: Mapping[str, np.ndarray] | None = None, **fields
+                 ) -> Generation | list[Generation]:
         """Decode one request to the end. ``options`` (or ``**fields`` of
         :class:`GenerationOptions`; an int is ``max_new_tokens``) say how; ``inputs`` are
-        caller values for the workflow's declared inputs."""
-        decode = self.decode(prompt, options, inputs=inputs, **fields)
-        for _ in decode:
-            pass
-        return decode.result
+        caller values for the workflow's declared inputs. A list of prompts (texts, or
+        lists of token ids) gives a list of results, in order, each equal to its prompt's
+        own; they are decoded one after another, and an error names the prompt's index."""
+        if not is_prompt_list(prompt):
+            with self.decode(prompt, options, inputs=inputs, **fields) as decode:
+                for _ in decode:
+                    pass
+                return decode.result
+        results = []
+        for i, one in enumerate(prompt):
+            try:
+                results.append(self.generate(one, options, inputs=inputs, **fields))
+            except SpeculantError as error:
+                raise of_prompt(error, i) from error
+        return results
 
     def stream(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
                inputs: Mapping[str, np.ndarray] | None = None, **fields) -> Stream:
@@ -307,6 +320,21 @@ class Engine:
             return ()
         value = self.package.plan.proposer_inputs.get(chain.fused_port)
         return (value,) if value else ()
+
+
+def is_prompt_list(prompt: object) -> bool:
+    """A list (or tuple) of prompts: not empty, each item a text or a sequence of token ids
+    (a flat list of token ids is one prompt)."""
+    return isinstance(prompt, list | tuple) and bool(prompt) and all(
+        isinstance(item, str | list | tuple | np.ndarray) for item in prompt)
+
+
+def of_prompt(error: SpeculantError, index: int) -> SpeculantError:
+    """``error`` of the ``index``-th prompt of a list: its paths under ``prompts[index]``."""
+    where = f"prompts[{index}]"
+    return type(error)(problems=[dataclasses.replace(
+        problem, path=f"{where}.{problem.path}" if problem.path else where)
+        for problem in error.problems])
 
 
 def _can_auto_enable(package: Package) -> bool:

@@ -1,10 +1,17 @@
 """One admitted request being decoded (`Decode`, `Stream`), its result (`Generation`), and the
-arrival-order turns that keep requests to one engine from interleaving (`Turns`)."""
+arrival-order turns that keep requests to one engine from interleaving (`Turns`).
+
+An open decode holds its engine's turn until it is exhausted, closed (``close()``, the end of
+a ``with`` block) or garbage-collected. A decode left suspended by the thread that last
+advanced it (a ``break`` out of the loop, the stream kept) is closed by that thread's next
+request to the same engine, since that thread can no longer be consuming it: waiting for it
+would wait forever."""
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -42,8 +49,13 @@ class Generation:
 
 
 class Turn:
+    """A granted ticket: the engine is this request's until :meth:`release`. ``holder`` is
+    the thread that last opened or advanced the decode; ``decode`` (weak) is the decode."""
+
     def __init__(self, turns: Turns, ticket: int) -> None:
         self.turns, self.ticket, self.is_released = turns, ticket, False
+        self.holder = threading.get_ident()
+        self.decode: weakref.ref[Decode] | None = None
 
     def release(self) -> None:
         if not self.is_released:
@@ -55,16 +67,20 @@ class Turns:
     """A first-come, first-served lock: each caller gets a ticket and waits for its number.
 
     Not re-entrant, and not tied to a thread: a stream may be opened in one thread and
-    consumed (or closed) in another. A thread that holds an open stream and asks the same
-    engine for another request waits until that stream is exhausted or closed."""
+    consumed (or closed) in another, and a thread that asks while another thread's stream is
+    open waits until that stream is exhausted or closed. A thread that asks while the turn is
+    held by a decode it left suspended itself closes that decode first (:meth:`Decode.supersede`):
+    it cannot be consuming it while it asks, so the wait could never end."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._next_ticket = 0
         self._serving = 0
         self._abandoned: set[int] = set()
+        self._held: Turn | None = None  # the granted turn, until released
 
     def wait(self) -> Turn:
+        self._close_own_suspended()
         with self._condition:
             ticket = self._next_ticket
             self._next_ticket += 1
@@ -74,20 +90,33 @@ class Turns:
             except BaseException:  # interrupted while waiting: give the ticket up
                 self._abandoned.add(ticket)
                 raise
-            return Turn(self, ticket)
+            self._held = Turn(self, ticket)
+            return self._held
 
     def release(self, turn: Turn) -> None:
         with self._condition:
+            if self._held is turn:
+                self._held = None
             self._serving = turn.ticket + 1
             while self._serving in self._abandoned:
                 self._abandoned.discard(self._serving)
                 self._serving += 1
             self._condition.notify_all()
 
+    def _close_own_suspended(self) -> None:
+        held = self._held
+        if held is None or held.holder != threading.get_ident():
+            return
+        decode = held.decode() if held.decode is not None else None
+        if decode is not None:
+            decode.supersede()
+        held.release()
+
 
 class Decode:
     """An admitted request: iterate for its committed token ids; ``result`` at the end.
-    Holds the engine's turn until exhausted or closed."""
+    Holds the engine's turn until exhausted, closed, left by a ``with`` block, collected, or
+    superseded by its thread's next request (the module's docstring)."""
 
     def __init__(self, state: DecodeState, target: TargetPass, proposer: Proposer | None,
                  policy: WidthPolicy, route: Route, turn: Turn, tokenizer) -> None:
@@ -95,6 +124,8 @@ class Decode:
         self.tokenizer = tokenizer
         self._tokens: Iterator[int] = decode(state, target, proposer, policy, route)
         self._turn = turn
+        turn.decode = weakref.ref(self)
+        self._is_superseded = False
         self._started = time.perf_counter()
         self._first_at: float | None = None
         self._ended_at: float | None = None
@@ -102,9 +133,21 @@ class Decode:
     def __iter__(self) -> Decode:
         return self
 
+    def __enter__(self) -> Decode:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def __next__(self) -> int:
+        if self._is_superseded:
+            raise RequestError("this stream was closed when the thread that left it suspended "
+                               "sent the engine its next request", path="stream",
+                               remedy="finish or close() a stream before the next request on "
+                                      "its thread (with engine.stream(...) as pieces: ...)")
         if self._ended_at is not None:
             raise StopIteration
+        self._turn.holder = threading.get_ident()
         try:
             token = next(self._tokens)
         except BaseException:  # the end, a stop, or an error: the engine is free again
@@ -128,6 +171,13 @@ class Decode:
             self.state.stop("closed")
             self._tokens.close()
             self._end()
+
+    def supersede(self) -> None:
+        """Close this decode for a later request of the thread that left it suspended; its
+        iteration then raises :class:`RequestError` (``result`` stays readable)."""
+        if self._ended_at is None:
+            self._is_superseded = True
+            self.close()
 
     @property
     def result(self) -> Generation:
@@ -158,13 +208,16 @@ class Decode:
 
     def __del__(self) -> None:  # an abandoned decode must not hold the engine forever
         try:
-            self._turn.release()
+            self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+        finally:
+            self._turn.release()
 
 
 class Stream:
-    """Text pieces of a :class:`Decode` (never a broken character, never stop text)."""
+    """Text pieces of a :class:`Decode` (never a broken character, never stop text). A
+    context manager: leaving ``with engine.stream(...) as pieces:`` closes it."""
 
     def __init__(self, decode: Decode) -> None:
         assert decode.state.text is not None
@@ -174,6 +227,12 @@ class Stream:
 
     def __iter__(self) -> Stream:
         return self
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __next__(self) -> str:
         while not self._is_done:

@@ -170,6 +170,28 @@ def resolve(name: str | None, sources: ProposerSources) -> ProposerKind | None:
     return kind
 
 
+def widest_k(sources: ProposerSources, proposer: str | None, k: int | str | None) -> int:
+    """The widest proposal a request of ``proposer`` and ``k`` may make, which its static
+    caches are sized for (0: no proposer): ``k`` where fixed, else its kind's default."""
+    kind = resolve(proposer, sources)
+    if kind is None:
+        return 0
+    return k if isinstance(k, int) else kind.default_k(sources)
+
+
+def available_kind(sources: ProposerSources) -> str | None:
+    """The first kind of :data:`KINDS` this engine can run (chained, then draft, then
+    prompt_lookup), or None: what a caller who asks for speculation without naming a kind
+    gets (the chat's default)."""
+    for kind in KINDS.values():
+        try:
+            kind.bound(sources)
+        except RequestError:
+            continue
+        return kind.name
+    return None
+
+
 def admit_proposer(sources: ProposerSources, request: Request) -> tuple[ProposerKind | None,
                                                                           int]:
     """The request's kind and k: k defaults to the kind's default and
