@@ -21,6 +21,7 @@ from speculant import GenerationOptions
 from speculant.serve.admission import Admission, DeadlineExceededError, EngineThread, Ticket
 from speculant.serve.limits import UNDECLARED_CONTEXT_TOKENS, ServerLimits
 from speculant.serve.metrics import ServerMetrics
+from speculant.speculative.kinds import widest_k
 
 STEP_SLICE_S = 0.05  # a non-streamed request's engine call decodes this long between checks
 
@@ -64,8 +65,8 @@ class Service:
         plan = self.engine.package.plan
         caps = [c for c in (asked, self.limits.max_tokens, plan.context_cap) if c is not None]
         if plan.static is not None and plan.static.capacity is not None:
-            caps.append(plan.static.capacity - count_prompt() - _widest(self.engine, options)
-                        - 1)
+            widest = widest_k(self.engine.proposer_sources, options.proposer, options.k)
+            caps.append(plan.static.capacity - count_prompt() - widest - 1)
         if plan.context_cap is None and self.limits.max_tokens is None:
             caps.append(UNDECLARED_CONTEXT_TOKENS)
         return dataclasses.replace(options, max_new_tokens=max(min(caps), 1))
@@ -157,13 +158,3 @@ def _advance(pieces: Iterator, slice_s: float) -> tuple[list, bool]:
         if time.perf_counter() >= until:
             return taken, False
     return taken, True
-
-
-def _widest(engine: Any, options: GenerationOptions) -> int:
-    """The k a request's static caches are sized for (kinds.admit_proposer's rule)."""
-    from speculant.speculative.kinds import resolve
-
-    kind = resolve(options.proposer, engine.proposer_sources)
-    if kind is None:
-        return 0
-    return options.k if isinstance(options.k, int) else kind.default_k(engine.proposer_sources)
