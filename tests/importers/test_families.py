@@ -174,10 +174,12 @@ def test_the_engine_decodes_the_reference_greedy_tokens(tmp_path, family):
     assert result.token_ids == ids[4:]
 
 
-def test_convert_keeps_the_family_and_export_hf_refuses_it(tmp_path):
+def test_convert_keeps_the_family_and_export_hf_writes_what_transformers_computes(tmp_path):
     """A Phi-3 package converts to float16 as any other (its configuration travels in the
-    graph); writing it back as a Llama config.json is refused by field."""
-    from speculant_tools.export import ExportError, convert, export_hf
+    graph); written back it is a Mistral config.json (an untied Llama sliding on every
+    layer, q/k/v and gate/up split), which reads back as the same configuration. A Gemma
+    package is refused by field: no family export-hf writes has its variations."""
+    from speculant_tools.export import ExportError, LlamaConfig, convert, export_hf
 
     package = import_model(write_hf_folder(tmp_path / "hf", "phi3"), tmp_path / "package",
                            graph="explicit")
@@ -185,9 +187,14 @@ def test_convert_keeps_the_family_and_export_hf_refuses_it(tmp_path):
     expected = reference_logits(HF_CONFIGS["phi3"], hf_weights("phi3"), IDS)
     np.testing.assert_allclose(package_logits(half, IDS, PREFILL), expected,
                                atol=2e-2 * np.abs(expected).max(), rtol=0)
+    pytest.importorskip("safetensors", reason="export_hf writes safetensors")
+    written = json.loads((export_hf(package, tmp_path / "back") / "config.json").read_text())
+    assert written["architectures"] == ["MistralForCausalLM"]
+    assert LlamaConfig.from_hf(written) == read_checkpoint(tmp_path / "hf").config
+    gemma = import_model(write_hf_folder(tmp_path / "gemma", "gemma2"), tmp_path / "g")
     with pytest.raises(ExportError) as caught:
-        export_hf(package, tmp_path / "back")
-    assert caught.value.paths == ["config.tie_word_embeddings"]
+        export_hf(gemma, tmp_path / "gemma-back")
+    assert caught.value.paths == ["config.embedding_multiplier"]
 
 
 @pytest.mark.parametrize("change, field", [
