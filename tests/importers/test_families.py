@@ -14,6 +14,7 @@ from family_models import (
     HF_CONFIGS,
     IDS,
     PREFILL,
+    expected_config,
     gguf_config,
     hf_weights,
     package_logits,
@@ -71,6 +72,7 @@ def test_hf_and_gguf_read_the_same_model(tmp_path, family):
     Phi-3's fused weights split in both."""
     hf = read_checkpoint(write_hf_folder(tmp_path / "hf", family))
     gg = read_checkpoint(write_gguf_file(tmp_path / "m.gguf", family))
+    assert hf.config == expected_config(HF_CONFIGS[family])  # the reference's
     offset = hf.config.norm_weight_offset
     assert gg.config.norm_weight_offset == 0.0 and offset == (1.0 if family != "phi3" else 0.0)
     assert sorted(hf.weights) == sorted(gg.weights)
