@@ -238,7 +238,8 @@ class LlamaConfig:
                               ) from None
         except Refusal as refusal:
             raise ExportError(refusal.message, path=f"config.{refusal.path}",
-                              value=refusal.value, remedy=refusal.remedy) from None
+                              value=refusal.value, expected=refusal.expected,
+                              remedy=refusal.remedy) from None
 
     def to_hf(self, dtype: str = "float32", eos_token_id: int | None = None) -> dict[str, Any]:
         """``config.json`` of the transformers model that computes this graph: the first

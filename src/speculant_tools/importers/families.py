@@ -69,6 +69,7 @@ class Refusal(Exception):
     value: Any
     message: str
     remedy: str = ""
+    expected: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def _check(data: Mapping[str, Any], key: str, expected: Any, default: Any,
     value = data.get(key, default)
     if value != expected and not (value is None and expected is False):
         raise Refusal(key, value, f"config.{key} = {value!r} is outside the exported "
-                      f"architecture (expected {expected!r})", remedy)
+                      f"architecture (expected {expected!r})", remedy, repr(expected))
 
 
 def _rope_type(rope: Any) -> str:
@@ -197,7 +198,8 @@ def _hf_llama_like(data: Mapping[str, Any], sizes: dict[str, Any], *, tied: bool
     rope = _rope_parameters(data)[1]
     factor = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0))
     if factor != 1.0:
-        raise Refusal("partial_rotary_factor", factor, "partial rotary is not exported")
+        raise Refusal("partial_rotary_factor", factor, "partial rotary is not exported",
+                      "docs/models.md lists what imports", "1.0")
     bias = bool(data.get("attention_bias", False))
     variations = {"tie_word_embeddings": bool(data.get("tie_word_embeddings", tied)),
                   "attention_bias": bias if qkv_bias is None else qkv_bias,
@@ -233,8 +235,8 @@ def _rope_scaling(data: Mapping[str, Any], sizes: dict[str, Any]) -> RopeScaling
                                                original or sizes["max_position_embeddings"])
         return None
     if kind not in ("linear", "llama3"):
-        raise Refusal(f"{key}.rope_type", kind, f"RoPE scaling {kind!r} is not exported "
-                      "(default, linear, dynamic and llama3 are)", ROPE_REMEDY)
+        raise Refusal(f"{key}.rope_type", kind, f"RoPE scaling {kind!r} is not exported",
+                      ROPE_REMEDY, "default, linear, dynamic or llama3")
     needed = ("factor",) if kind == "linear" else ("factor", "low_freq_factor",
                                                    "high_freq_factor")
     values = {name: rope.get(name) for name in needed}
@@ -243,7 +245,7 @@ def _rope_scaling(data: Mapping[str, Any], sizes: dict[str, Any]) -> RopeScaling
     missing = [name for name, value in values.items() if value is None]
     if missing:
         raise Refusal(key, rope, f"{kind} RoPE scaling lacks {', '.join(missing)}",
-                      "complete it from the model card")
+                      "complete it from the model card", ", ".join(values))
     return RopeScaling(kind, **values)
 
 
@@ -255,7 +257,8 @@ def _qwen_window(data: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
     types = data.get("layer_types")
     if isinstance(types, list) and not set(types) <= set(LAYER_TYPES):
         raise Refusal("layer_types", sorted(set(types) - set(LAYER_TYPES)),
-                      "attention layer types other than full and sliding are not exported")
+                      "attention layer types other than full and sliding are not exported",
+                      expected=" or ".join(LAYER_TYPES))
     if window is None:
         return {}
     if isinstance(types, list):
@@ -393,8 +396,8 @@ def fields_from_hf(data: Mapping[str, Any]) -> dict[str, Any]:
     family = hf_family(data)
     if family is None:
         raise Refusal("model_type", data.get("model_type"), "this architecture is not "
-                      f"supported (the families: {', '.join(BY_MODEL_TYPE)})",
-                      "docs/models.md lists the families that import")
+                      "supported", "docs/models.md lists the families that import",
+                      " or ".join(BY_MODEL_TYPE))
     return hf_config(family, data)
 
 

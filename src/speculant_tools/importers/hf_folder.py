@@ -96,6 +96,7 @@ def _config(data: dict[str, Any], family: Family, file: Path) -> LlamaConfig:
     except Refusal as refusal:
         raise ImporterError(f"{family.name}: {refusal.message}", file=str(file),
                             path=f"config.{refusal.path}", value=refusal.value,
+                            expected=refusal.expected,
                             remedy=refusal.remedy or "docs/models.md lists what imports"
                             ) from None
 
