@@ -106,6 +106,29 @@ def test_each_declared_field_changes_the_logits(sources):
                 (case.name, name)
 
 
+@pytest.mark.parametrize("graph", ["explicit", "fused"])
+def test_sliding_layers_rotate_with_their_local_base_unscaled(graph, tmp_path):
+    """Gemma 3's layout with RoPE scaling (its 4B-27B models scale the global layers
+    only): a sliding layer rotates at ``rope_local_base_freq`` without the scaling, in both
+    graph forms (the global layer scaled: the scaling changes the logits)."""
+    from export.export_models import write_tokenizer
+    from speculant_tools.export import write_decoder_package
+    from speculant_tools.export.config import FULL, SLIDING
+
+    qwen3 = next(case for case in CASES if case.name == "qwen3").config
+    config = replace(qwen3, rope_theta=1e6, rope_scaling=RopeScaling("linear", factor=8.0),
+                     sliding_window=4, layer_types=(SLIDING, FULL),
+                     rope_local_base_freq=10000.0)
+    weights = random_weights(config)
+    root = write_decoder_package(tmp_path / "package", weights, config,
+                                 write_tokenizer(tmp_path / "tokenizer.json"), graph=graph,
+                                 cache="static")
+    expected = reference_logits(config, weights)
+    np.testing.assert_allclose(drive(root, BLOCKS), expected, rtol=1e-4, atol=1e-4)
+    unscaled = replace(config, rope_scaling=None)  # the global layer's scaling matters
+    assert not np.allclose(reference_logits(unscaled, weights), expected, atol=1e-3)
+
+
 def test_prompt_lookup_equals_greedy_on_an_imported_family(sources, tmp_path):
     """Qwen 3 (q/k norms, head_dim of its own), static caches: speculative decoding with
     prompt lookup gives the greedy tokens, which are the reference's."""

@@ -123,6 +123,25 @@ def test_logits_equal_transformers(tmp_path, family):
                                    atol=2e-4 * np.abs(expected).max(), rtol=0)
 
 
+def test_phi3_written_back_as_mistral_equals_transformers(tmp_path):
+    """export-hf's Mistral config.json of a Phi-3 package computes the Phi-3's logits in
+    transformers' own MistralForCausalLM."""
+    torch = pytest.importorskip("torch", reason="transformers' check needs torch")
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    pytest.importorskip("safetensors", reason="export_hf writes safetensors")
+    from speculant_tools.export import export_hf
+
+    package = import_model(write_hf_folder(tmp_path / "hf", "phi3"), tmp_path / "package")
+    written = export_hf(package, tmp_path / "back")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        written, dtype=torch.float32, attn_implementation="eager").eval()
+    assert type(model).__name__ == "MistralForCausalLM"
+    with torch.no_grad():
+        actual = model(torch.tensor([IDS])).logits[0].double().numpy()
+    expected = reference_logits(HF_CONFIGS["phi3"], hf_weights("phi3"), IDS)
+    np.testing.assert_allclose(actual, expected, atol=1e-4 * np.abs(expected).max(), rtol=0)
+
+
 # -- refused, by name ---------------------------------------------------------------------
 @pytest.mark.parametrize("family, change, field", [
     ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
