@@ -183,9 +183,11 @@ def _gguf_name(name: str) -> str:
     return f"blk.{layer}.{GGUF_NAMES[rest]}"
 
 
-def write_gguf(path: Path, case: Case, weights: dict[str, np.ndarray]) -> Path:
-    """The case's GGUF: its weights in F32 (quant types are another test's), metadata keys
-    of its architecture, q/k rows (and biases) permuted for ``llama`` only."""
+def write_gguf(path: Path, case: Case, weights: dict[str, np.ndarray],
+               linear_type: Q = Q.F32) -> Path:
+    """The case's GGUF: its weights in F32, the linear layers' in ``linear_type`` (quantized
+    by gguf), metadata keys of its architecture, q/k rows (and biases) permuted for
+    ``llama`` only."""
     c, arch = case.config, case.gguf_arch
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(c.num_hidden_layers)
@@ -221,8 +223,12 @@ def write_gguf(path: Path, case: Case, weights: dict[str, np.ndarray]) -> Path:
             array = llama_cpp_permute(array, c.num_attention_heads, c.num_attention_heads)
         elif arch == "llama" and ".k_proj." in name:
             array = llama_cpp_permute(array, c.num_attention_heads, c.num_key_value_heads)
-        writer.add_tensor(_gguf_name(name), np.ascontiguousarray(array, np.float32),
-                          raw_dtype=Q.F32)
+        array = np.ascontiguousarray(array, np.float32)
+        if linear_type != Q.F32 and name.endswith("proj.weight"):
+            writer.add_tensor(_gguf_name(name), gguf.quants.quantize(array, linear_type),
+                              raw_dtype=linear_type)
+            continue
+        writer.add_tensor(_gguf_name(name), array, raw_dtype=Q.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

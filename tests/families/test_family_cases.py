@@ -91,6 +91,24 @@ def test_gguf_import_logits_equal_the_reference(case, cache, sources, tmp_path):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", GGUF_CASES, ids=lambda c: c.name)
+def test_gguf_q4_0_linear_layers_stay_quantized_with_biases_and_norms(case, tmp_path):
+    """A Q4_0 GGUF of each family keeps its 14 linear layers as MatMulNBits (q/k rows
+    un-permuted for ``llama``, biases and QK norms after them); its logits equal the same
+    file widened to float32 (--quantize float)."""
+    import onnx
+    from gguf import GGMLQuantizationType as Q
+
+    path = write_gguf(tmp_path / "m.gguf", case, random_weights(case.config), Q.Q4_0)
+    kept = import_model(path, tmp_path / "kept")
+    widened = import_model(path, tmp_path / "widened", quantize="float")
+    nodes = onnx.load(str(kept / "decoder" / "model.onnx")).graph.node
+    assert sum(node.op_type == "MatMulNBits" for node in nodes) == 7 * 2
+    expected = drive(widened, BLOCKS)
+    np.testing.assert_allclose(drive(kept, BLOCKS), expected, rtol=0,
+                               atol=1e-5 * np.abs(expected).max())
+
+
 def test_each_declared_field_changes_the_logits(sources):
     """The reference reads every variant field (so equality above is not vacuous)."""
     for case in CASES:
