@@ -253,6 +253,20 @@ def test_rope_scaling_is_validated():
         replace(CASES[0].config, rope_scaling=RopeScaling("factors", frequency_factors=(1.0,)))
 
 
+def test_export_hf_refuses_what_no_config_json_expresses():
+    """A GGUF's per-frequency RoPE factors and a QK-normed model with q/k/v biases but no o
+    bias (no family has both) are refused by field, not written as another model."""
+    llama3 = next(case for case in GGUF_CASES if case.name == "llama3")
+    with pytest.raises(ExportError) as caught:
+        llama3.gguf_config.to_hf()
+    assert caught.value.paths == ["config.rope_scaling"]
+    mixed = replace(next(case for case in CASES if case.name == "qwen3").config,
+                    attention_bias=True)
+    with pytest.raises(ExportError) as caught:
+        mixed.to_hf()
+    assert caught.value.problems[0].value == {"qk_norm": True, "attention_bias": True}
+
+
 def test_tools_that_compute_plain_llama_refuse_a_declared_family(sources, tmp_path):
     """Widening (cost_scale) and train-drafter's frozen target compute the plain Llama
     graph: a family's declared field is refused by name, not computed wrongly."""
