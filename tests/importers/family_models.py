@@ -1,5 +1,6 @@
-"""Tiny random Gemma 2, Gemma 3 and Phi-3 checkpoints written in code, a numpy reference of
-each architecture written from its description (not from the exporter), and a runner that
+"""Tiny random Gemma 2, Gemma 3 and Phi-3 checkpoints written in code, the configuration each
+``config.json`` describes (written from the architecture's description, not from the
+importer) for the one numpy reference (export_reference.target_forward), and a runner that
 takes an imported package's logits through its own caches.
 
     folder = write_hf_folder(tmp / "hf", "gemma2")     # config.json + model.safetensors
@@ -23,6 +24,9 @@ import onnxruntime as ort
 from gguf import GGMLQuantizationType as Q
 from gguf_models import BOS_ID, CHAT_TEMPLATE, EOS_ID, MERGES, SPECIALS, TOKENS
 
+from export.export_reference import target_forward
+from speculant_tools.export import LlamaConfig
+from speculant_tools.export.config import FULL, SLIDING
 from speculant_tools.importers.gguf_vocab import build_tokenizer
 
 IDS = [7, 3, 41, 12, 25, 9, 30, 5, 18, 44]  # prefill PREFILL of them, then one per step
@@ -199,18 +203,30 @@ def write_gguf_file(path: Path, family: str, extra: dict[str, np.ndarray] | None
     return path
 
 
-# -- the reference ---------------------------------------------------------------------------
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
-
-
-def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
-    """``x`` [heads, s, d] rotated in halves at ``positions``."""
-    d = x.shape[-1]
-    angles = np.outer(positions, 1.0 / theta ** (np.arange(0, d, 2) / d))
-    angles = np.concatenate([angles, angles], axis=-1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * np.cos(angles) + np.concatenate([-x2, x1], axis=-1) * np.sin(angles)
+# -- the reference ----------------------------------------------------------------------------
+def expected_config(cfg: dict, sliding: bool = True) -> LlamaConfig:
+    """The configuration ``cfg`` (a ``config.json`` mapping of Gemma 2, Gemma 3 or Phi-3)
+    describes, written from each architecture's description (transformers' modeling files),
+    not from the importer. ``sliding=False`` drops the window (to show that it matters)."""
+    h, d, num_layers = cfg["hidden_size"], head_dim(cfg), cfg["num_hidden_layers"]
+    sizes = {name: cfg[name] for name in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rms_norm_eps",
+        "rope_theta")}
+    window = cfg["sliding_window"] if sliding else None
+    if not is_gemma(cfg):  # Phi-3: Llama, untied, every layer sliding
+        return LlamaConfig(**sizes, head_dim=d, tie_word_embeddings=False,
+                           sliding_window=window)
+    types = tuple(SLIDING if is_sliding(cfg, i) else FULL for i in range(num_layers))
+    gemma3 = cfg["model_type"] == "gemma3_text"
+    return LlamaConfig(
+        **sizes, head_dim=d, embedding_multiplier=float(np.sqrt(h)), norm_weight_offset=1.0,
+        hidden_act="gelu_pytorch_tanh", post_norms=True, qk_norm=gemma3,
+        attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
+        final_logit_softcapping=cfg.get("final_logit_softcapping"),
+        query_pre_attn_scalar=cfg["query_pre_attn_scalar"], sliding_window=window,
+        layer_types=types if sliding else None,
+        rope_local_base_freq=cfg.get("rope_local_base_freq") if gemma3 else None)
 
 
 def is_sliding(cfg: dict, layer: int) -> bool:
@@ -225,75 +241,26 @@ def is_sliding(cfg: dict, layer: int) -> bool:
 
 def reference_logits(cfg: dict, weights: dict[str, np.ndarray], ids: list[int],
                      sliding: bool = True) -> np.ndarray:
-    """Logits [T, vocab] float64 of the whole sequence ``ids`` from ``cfg`` (a
-    ``config.json`` mapping of Gemma 2, Gemma 3 or Phi-3) and its own weights.
-    ``sliding=False`` ignores the window (to show that it matters)."""
-    w = {name: np.asarray(a, np.float64) for name, a in weights.items()}
-    gemma, eps = is_gemma(cfg), cfg["rms_norm_eps"]
-    h, d = cfg["hidden_size"], head_dim(cfg)
-    num_heads, num_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    q_rows, kv_rows, f = num_heads * d, num_kv * d, cfg["intermediate_size"]
-
-    def norm(x, weight):
-        scale = 1.0 + weight if gemma else weight
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
-
-    def heads(x, n):
-        return x.reshape(len(x), n, d).transpose(1, 0, 2)  # [n, s, d]
-
-    n = len(ids)
-    positions = np.arange(n)
-    x = w["model.embed_tokens.weight"][ids]
-    if gemma:
-        x = x * float(np.float32(np.sqrt(h)))
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        if f"{p}.self_attn.qkv_proj.weight" in w:  # Phi-3: rows q, k, v; gate, up
-            wq, wk, wv = np.split(w[f"{p}.self_attn.qkv_proj.weight"],
-                                  [q_rows, q_rows + kv_rows])
-            gate_w, up_w = np.split(w[f"{p}.mlp.gate_up_proj.weight"], [f])
+    """Logits [T, vocab] float64 of the whole sequence ``ids`` from ``cfg`` and its own
+    weights (Phi-3's fused q/k/v and gate/up split by rows), by the one numpy reference of
+    the exported architecture (export_reference.target_forward)."""
+    config = expected_config(cfg, sliding)
+    q_rows = config.num_attention_heads * config.head_dim
+    kv_rows, f = config.num_key_value_heads * config.head_dim, config.intermediate_size
+    split = {}
+    for name, array in weights.items():
+        if name.endswith("self_attn.qkv_proj.weight"):
+            prefix = name.removesuffix("qkv_proj.weight")
+            for part, rows in zip("qkv", np.split(array, [q_rows, q_rows + kv_rows]),
+                                  strict=True):
+                split[f"{prefix}{part}_proj.weight"] = rows
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            prefix = name.removesuffix("gate_up_proj.weight")
+            split[f"{prefix}gate_proj.weight"], split[f"{prefix}up_proj.weight"] = \
+                np.split(array, [f])
         else:
-            wq, wk, wv = (w[f"{p}.self_attn.{c}_proj.weight"] for c in "qkv")
-            gate_w, up_w = w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]
-        a = norm(x, w[f"{p}.input_layernorm.weight"])
-        q, k, v = heads(a @ wq.T, num_heads), heads(a @ wk.T, num_kv), heads(a @ wv.T, num_kv)
-        if f"{p}.self_attn.q_norm.weight" in w:
-            q, k = norm(q, w[f"{p}.self_attn.q_norm.weight"]), \
-                norm(k, w[f"{p}.self_attn.k_norm.weight"])
-        layer_sliding = sliding and is_sliding(cfg, i)
-        theta = cfg["rope_theta"]
-        if cfg["model_type"] == "gemma3_text" and is_sliding(cfg, i):
-            theta = cfg["rope_local_base_freq"]
-        q, k = rope(q, positions, theta), rope(k, positions, theta)
-        k, v = (np.repeat(t, num_heads // num_kv, axis=0) for t in (k, v))
-        scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else d ** -0.5
-        scores = q @ k.transpose(0, 2, 1) * scale
-        if cfg.get("attn_logit_softcapping"):
-            cap = cfg["attn_logit_softcapping"]
-            scores = cap * np.tanh(scores / cap)
-        visible = positions[None, :] <= positions[:, None]
-        if layer_sliding:
-            visible &= positions[None, :] > positions[:, None] - cfg["sliding_window"]
-        scores = np.where(visible, scores, -np.inf)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        out = (probs @ v).transpose(1, 0, 2).reshape(n, -1) @ w[f"{p}.self_attn.o_proj.weight"].T
-        act = gelu_tanh if gemma else (lambda g: g / (1 + np.exp(-g)))
-        if gemma:
-            x = x + norm(out, w[f"{p}.post_attention_layernorm.weight"])
-            m = norm(x, w[f"{p}.pre_feedforward_layernorm.weight"])
-            m = (act(m @ gate_w.T) * (m @ up_w.T)) @ w[f"{p}.mlp.down_proj.weight"].T
-            x = x + norm(m, w[f"{p}.post_feedforward_layernorm.weight"])
-        else:
-            x = x + out
-            m = norm(x, w[f"{p}.post_attention_layernorm.weight"])
-            x = x + (act(m @ gate_w.T) * (m @ up_w.T)) @ w[f"{p}.mlp.down_proj.weight"].T
-    x = norm(x, w["model.norm.weight"])
-    logits = x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
-    if cfg.get("final_logit_softcapping"):
-        cap = cfg["final_logit_softcapping"]
-        logits = cap * np.tanh(logits / cap)
-    return logits
+            split[name] = array
+    return target_forward(config, split, ids)[0]
 
 
 # -- the package's logits, through its own caches ----------------------------------------

@@ -14,6 +14,7 @@ from family_models import (
     HF_CONFIGS,
     IDS,
     PREFILL,
+    expected_config,
     gguf_config,
     hf_weights,
     package_logits,
@@ -71,6 +72,7 @@ def test_hf_and_gguf_read_the_same_model(tmp_path, family):
     Phi-3's fused weights split in both."""
     hf = read_checkpoint(write_hf_folder(tmp_path / "hf", family))
     gg = read_checkpoint(write_gguf_file(tmp_path / "m.gguf", family))
+    assert hf.config == expected_config(HF_CONFIGS[family])  # the reference's
     offset = hf.config.norm_weight_offset
     assert gg.config.norm_weight_offset == 0.0 and offset == (1.0 if family != "phi3" else 0.0)
     assert sorted(hf.weights) == sorted(gg.weights)
@@ -119,6 +121,25 @@ def test_logits_equal_transformers(tmp_path, family):
         package = import_model(folder, tmp_path / cache, cache=cache)
         np.testing.assert_allclose(package_logits(package, IDS, PREFILL), expected,
                                    atol=2e-4 * np.abs(expected).max(), rtol=0)
+
+
+def test_phi3_written_back_as_mistral_equals_transformers(tmp_path):
+    """export-hf's Mistral config.json of a Phi-3 package computes the Phi-3's logits in
+    transformers' own MistralForCausalLM."""
+    torch = pytest.importorskip("torch", reason="transformers' check needs torch")
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    pytest.importorskip("safetensors", reason="export_hf writes safetensors")
+    from speculant_tools.export import export_hf
+
+    package = import_model(write_hf_folder(tmp_path / "hf", "phi3"), tmp_path / "package")
+    written = export_hf(package, tmp_path / "back")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        written, dtype=torch.float32, attn_implementation="eager").eval()
+    assert type(model).__name__ == "MistralForCausalLM"
+    with torch.no_grad():
+        actual = model(torch.tensor([IDS])).logits[0].double().numpy()
+    expected = reference_logits(HF_CONFIGS["phi3"], hf_weights("phi3"), IDS)
+    np.testing.assert_allclose(actual, expected, atol=1e-4 * np.abs(expected).max(), rtol=0)
 
 
 # -- refused, by name ---------------------------------------------------------------------
@@ -174,10 +195,12 @@ def test_the_engine_decodes_the_reference_greedy_tokens(tmp_path, family):
     assert result.token_ids == ids[4:]
 
 
-def test_convert_keeps_the_family_and_export_hf_refuses_it(tmp_path):
+def test_convert_keeps_the_family_and_export_hf_writes_what_transformers_computes(tmp_path):
     """A Phi-3 package converts to float16 as any other (its configuration travels in the
-    graph); writing it back as a Llama config.json is refused by field."""
-    from speculant_tools.export import ExportError, convert, export_hf
+    graph); written back it is a Mistral config.json (an untied Llama sliding on every
+    layer, q/k/v and gate/up split), which reads back as the same configuration. A Gemma
+    package is refused by field: no family export-hf writes has its variations."""
+    from speculant_tools.export import ExportError, LlamaConfig, convert, export_hf
 
     package = import_model(write_hf_folder(tmp_path / "hf", "phi3"), tmp_path / "package",
                            graph="explicit")
@@ -185,9 +208,14 @@ def test_convert_keeps_the_family_and_export_hf_refuses_it(tmp_path):
     expected = reference_logits(HF_CONFIGS["phi3"], hf_weights("phi3"), IDS)
     np.testing.assert_allclose(package_logits(half, IDS, PREFILL), expected,
                                atol=2e-2 * np.abs(expected).max(), rtol=0)
+    pytest.importorskip("safetensors", reason="export_hf writes safetensors")
+    written = json.loads((export_hf(package, tmp_path / "back") / "config.json").read_text())
+    assert written["architectures"] == ["MistralForCausalLM"]
+    assert LlamaConfig.from_hf(written) == read_checkpoint(tmp_path / "hf").config
+    gemma = import_model(write_hf_folder(tmp_path / "gemma", "gemma2"), tmp_path / "g")
     with pytest.raises(ExportError) as caught:
-        export_hf(package, tmp_path / "back")
-    assert caught.value.paths == ["config.tie_word_embeddings"]
+        export_hf(gemma, tmp_path / "gemma-back")
+    assert caught.value.paths == ["config.embedding_multiplier"]
 
 
 @pytest.mark.parametrize("change, field", [

@@ -188,7 +188,7 @@ def test_float16_import_runs(gguf_path, tmp_path):
 
 # -- refused, by name ----------------------------------------------------------------------
 @pytest.mark.parametrize("arch, edit, kinds, tokenizer_model, field", [
-    ("qwen2", None, None, "gpt2", "general.architecture"),
+    ("gptneox", None, None, "gpt2", "general.architecture"),
     ("llama", lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.YARN), None, "gpt2",
      "llama.rope.scaling.type"),
     ("llama", None, {"model.layers.0.mlp.up_proj.weight": Q.Q8_1}, "gpt2",

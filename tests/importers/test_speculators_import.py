@@ -192,12 +192,14 @@ def test_a_qwen3_layer(tmp_path, heads, target_root):
 
 
 def test_llama3_rope_scaling(tmp_path, heads, target_root):
-    layer = {**LAYER, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    layer = {**LAYER, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 32}}
     source = edited(tmp_path, heads["eagle3"],
                     lambda c: c.update(transformer_layer_config=layer))
     error = refusal(source, target_root["static"], tmp_path)
-    assert error.problems[0].path == "transformer_layer_config.rope_scaling.rope_type"
-    assert error.problems[0].value == "llama3"
+    assert error.problems[0].path == "transformer_layer_config.rope_scaling"
+    assert error.problems[0].value.rope_type == "llama3"
 
 
 def test_a_missing_weight(tmp_path, heads, target_root):

@@ -15,7 +15,7 @@ checks), ``graphs`` (ONNX), ``metadata`` (documents), ``package`` (disk), ``hf``
 """
 
 from speculant_tools.export.config import ExportError, LlamaConfig, drafter_shapes, target_shapes
-from speculant_tools.export.graphs import drafter_graph, rope_tables, target_graph
+from speculant_tools.export.graphs import drafter_graph, target_graph
 from speculant_tools.export.hf import export_hf
 from speculant_tools.export.package import (
     convert,
@@ -23,9 +23,10 @@ from speculant_tools.export.package import (
     write_decoder_package,
     write_pair_package,
 )
+from speculant_tools.export.rope import RopeScaling, rope_tables
 
 __all__ = [
-    "ExportError", "LlamaConfig", "convert", "drafter_graph", "drafter_shapes", "export_hf",
-    "read_weights", "rope_tables", "target_graph", "target_shapes", "write_decoder_package",
-    "write_pair_package",
+    "ExportError", "LlamaConfig", "RopeScaling", "convert", "drafter_graph", "drafter_shapes",
+    "export_hf", "read_weights", "rope_tables", "target_graph", "target_shapes",
+    "write_decoder_package", "write_pair_package",
 ]

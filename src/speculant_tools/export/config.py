@@ -21,9 +21,12 @@ and where the configuration's variations ask for them::
     model.layers.{i}.pre_feedforward_layernorm.weight  [hidden]       (post_norms; then
     model.layers.{i}.post_feedforward_layernorm.weight [hidden]        post_attention_layernorm
                                                     normalizes the attention's output)
+    model.layers.{i}.self_attn.{q,k,v}_proj.bias    [rows of the weight] (attention_bias)
+    model.layers.{i}.self_attn.o_proj.bias          [hidden]          (attention_output_bias)
 
 Chained drafter (one layer without k/v projections; the LM head is the target's table, or
-its first ``draft_vocab_size`` rows)::
+its first ``draft_vocab_size`` rows; a plain Llama layer whatever the target's variations,
+rotating with the target's RoPE, ``rope_scaling`` included)::
 
     drafter.in_proj.weight                          [hidden, 2 * hidden]
     drafter.layer.input_layernorm.weight            [hidden]
@@ -53,26 +56,25 @@ from typing import Any
 
 import numpy as np
 
-from speculant.errors import SpeculantError
+from speculant_tools.export.errors import ExportError
+from speculant_tools.export.layer_types import FULL, LAYER_TYPES, SLIDING
+from speculant_tools.export.rope import RopeScaling
+
+__all__ = ["FULL", "LAYER_TYPES", "SLIDING", "ExportError", "LlamaConfig", "RopeScaling"]
 
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"  # tied: accepted in a state dict only when equal to EMBEDDING
 DTYPES = {"float32": np.float32, "float16": np.float16}
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # SiLU; GELU's tanh approximation (GeGLU)
-SLIDING, FULL = "sliding_attention", "full_attention"
-LAYER_TYPES = (FULL, SLIDING)  # Hugging Face's names
-
-
-class ExportError(SpeculantError):
-    """Weights, configuration or a package cannot be exported, read back or converted."""
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
     """The sizes of a ``LlamaForCausalLM`` with tied embeddings, no biases, SiLU, plain RoPE,
     and the declared variations of that architecture the target graphs follow (the fields
-    after ``draft_vocab_size``; Gemma 2/3 and Phi-3 are Llama with some of them set). The
-    chained drafter is its own architecture and ignores them."""
+    after ``draft_vocab_size``; Llama 3.x, Mistral, Qwen 2/2.5/3, Gemma 2/3 and Phi-3 are
+    Llama with some of them set). The chained drafter is its own architecture and ignores
+    them, all but ``rope_scaling``."""
 
     vocab_size: int
     hidden_size: int
@@ -100,8 +102,15 @@ class LlamaConfig:
     sliding_window: int | None = None  # a sliding layer's query q sees keys > q - window
     layer_types: tuple[str, ...] | None = None  # LAYER_TYPES per layer (None: see below)
     rope_local_base_freq: float | None = None  # RoPE theta of sliding layers (None: rope_theta)
+    attention_bias: bool = False  # q/k/v projections carry biases (Qwen 2, Llama's flag)
+    attention_output_bias: bool = False  # o_proj carries one too (Llama's flag: both)
+    # RoPE's frequencies rescaled (Llama 3.x, linear); unlike the fields above, the chained
+    # drafter rotates with it too (it reads the target's rotated keys)
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, Mapping):  # from JSON
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.drafter_intermediate_size is None:
@@ -110,6 +119,9 @@ class LlamaConfig:
             object.__setattr__(self, "draft_vocab_size", self.vocab_size)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.type == "bool" and not isinstance(value, bool):
+                raise ExportError(f"config.{field.name} must be true or false",
+                                  path=f"config.{field.name}", value=value)
             if field.type in ("int", "int | None") and value is not None and (
                     not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ExportError(f"config.{field.name} must be a positive integer",
@@ -158,6 +170,27 @@ class LlamaConfig:
                 and math.isfinite(self.norm_weight_offset)):
             raise ExportError("config.norm_weight_offset must be a finite number",
                               path="config.norm_weight_offset", value=self.norm_weight_offset)
+        scaling = self.rope_scaling
+        if scaling is not None and not isinstance(scaling, RopeScaling):
+            raise ExportError("config.rope_scaling must be a RopeScaling or None",
+                              path="config.rope_scaling", value=scaling)
+        if scaling is not None and scaling.rope_type == "factors" and len(
+                scaling.frequency_factors) != self.head_dim // 2:
+            raise ExportError("one RoPE frequency factor per rotated pair",
+                              path="config.rope_scaling.frequency_factors",
+                              value=len(scaling.frequency_factors),
+                              expected=f"{self.head_dim // 2} (head_dim / 2)")
+
+    @property
+    def variant_fields(self) -> dict[str, Any]:
+        """The fields where this target differs from the plain Llama graph (its
+        :data:`VARIATIONS` and ``rope_scaling``): what a tool that computes only that graph
+        (widening, train-drafter, speculators heads) refuses by name."""
+        changed = {name: getattr(self, name) for name, default in VARIATIONS.items()
+                   if getattr(self, name) != default}
+        if self.rope_scaling is not None:
+            changed["rope_scaling"] = self.rope_scaling
+        return changed
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -186,41 +219,43 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, config: Any) -> LlamaConfig:
         """From a ``LlamaConfig`` here, a ``transformers`` config object or a ``config.json``
-        mapping. Features outside the exported architecture raise :class:`ExportError`."""
+        mapping of a family :mod:`speculant_tools.importers.families` lists (its
+        ``model_type``; none: Llama). A field outside the exported architecture raises
+        :class:`ExportError` naming the key and what to do."""
+        from speculant_tools.importers.families import Refusal, fields_from_hf
+
         if isinstance(config, LlamaConfig):
             return config
-        data = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+        data = config.to_dict() if hasattr(config, "to_dict") else config
         if not isinstance(data, Mapping):
             raise ExportError("config must be a mapping or a transformers config",
                               value=type(config).__name__)
-        _refuse_unsupported(data)
-        rope = data.get("rope_parameters") or {}
-        theta = data.get("rope_theta") or rope.get("rope_theta") or 10000.0
         try:
-            return cls(vocab_size=data["vocab_size"], hidden_size=data["hidden_size"],
-                       num_hidden_layers=data["num_hidden_layers"],
-                       num_attention_heads=data["num_attention_heads"],
-                       num_key_value_heads=data.get("num_key_value_heads")
-                       or data["num_attention_heads"],
-                       intermediate_size=data["intermediate_size"],
-                       max_position_embeddings=data["max_position_embeddings"],
-                       head_dim=data.get("head_dim"),
-                       rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-                       rope_theta=float(theta))
+            return cls(**fields_from_hf(data))
         except KeyError as missing:
             raise ExportError(f"config has no {missing.args[0]!r}", path="config",
-                              expected="a LlamaForCausalLM config") from None
+                              expected="a config.json of a family docs/models.md lists"
+                              ) from None
+        except Refusal as refusal:
+            raise ExportError(refusal.message, path=f"config.{refusal.path}",
+                              value=refusal.value, expected=refusal.expected,
+                              remedy=refusal.remedy) from None
 
     def to_hf(self, dtype: str = "float32", eos_token_id: int | None = None) -> dict[str, Any]:
-        """``config.json`` of the equivalent ``LlamaForCausalLM`` (a plain Llama only)."""
-        changed = [name for name, default in VARIATIONS.items()
-                   if getattr(self, name) != default]
-        if changed:
-            raise ExportError("only a plain Llama is written back as a Hugging Face config",
-                              path=f"config.{changed[0]}", value=getattr(self, changed[0]),
-                              remedy="keep the checkpoint the package was imported from")
+        """``config.json`` of the transformers model that computes this graph: the first
+        family of :mod:`speculant_tools.importers.families` whose fields express it (Llama,
+        Mistral, Qwen 2, Qwen 3); a variation none of them has raises :class:`ExportError`
+        naming it."""
+        from speculant_tools.importers.families import Refusal, config_to_hf
+
+        try:
+            family_fields = config_to_hf(self)
+        except Refusal as refusal:
+            raise ExportError(refusal.message, path=f"config.{refusal.path}",
+                              value=refusal.value, remedy=refusal.remedy) from None
         return {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "architectures": family_fields.pop("architectures"),
+            "model_type": family_fields.pop("model_type"),
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -229,8 +264,9 @@ class LlamaConfig:
             "hidden_act": "silu", "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
             "rope_scaling": None, "attention_bias": False, "attention_dropout": 0.0,
-            "mlp_bias": False, "tie_word_embeddings": True, "torch_dtype": dtype,
-            "eos_token_id": eos_token_id, "use_cache": True,
+            "mlp_bias": False, "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": dtype, "eos_token_id": eos_token_id, "use_cache": True,
+            **family_fields,
         }
 
     # -- storage in the graphs -----------------------------------------------------------
@@ -239,6 +275,8 @@ class LlamaConfig:
         for name, default in VARIATIONS.items():  # Llama's packages stay as they were
             if data[name] == default:
                 del data[name]
+        if data["rope_scaling"] is None:
+            del data["rope_scaling"]  # likewise
         if data["drafter_intermediate_size"] == self.intermediate_size:
             del data["drafter_intermediate_size"]  # the default: packages stay as they were
         if data["draft_vocab_size"] == self.vocab_size:
@@ -253,28 +291,8 @@ class LlamaConfig:
 VARIATIONS = {name: LlamaConfig.__dataclass_fields__[name].default for name in (
     "tie_word_embeddings", "embedding_multiplier", "norm_weight_offset", "hidden_act",
     "post_norms", "qk_norm", "attn_logit_softcapping", "final_logit_softcapping",
-    "query_pre_attn_scalar", "sliding_window", "layer_types", "rope_local_base_freq")}
-
-
-def _refuse_unsupported(data: Mapping[str, Any]) -> None:
-    checks = [
-        ("tie_word_embeddings", data.get("tie_word_embeddings", True), True),
-        ("attention_bias", bool(data.get("attention_bias", False)), False),
-        ("mlp_bias", bool(data.get("mlp_bias", False)), False),
-        ("hidden_act", data.get("hidden_act", "silu"), "silu"),
-        ("rope_scaling.rope_type", _rope_type(data.get("rope_scaling")), "default"),
-        ("rope_parameters.rope_type", _rope_type(data.get("rope_parameters")), "default"),
-    ]
-    for key, value, expected in checks:
-        if value != expected:
-            raise ExportError(f"config.{key} = {value!r} is outside the exported architecture",
-                              path=f"config.{key}", value=value, expected=repr(expected))
-
-
-def _rope_type(rope: Mapping[str, Any] | None) -> str:
-    """``default`` for plain RoPE (no rope parameters, or ``rope_type: default``)."""
-    rope = rope or {}
-    return rope.get("rope_type", rope.get("type", "default"))
+    "query_pre_attn_scalar", "sliding_window", "layer_types", "rope_local_base_freq",
+    "attention_bias", "attention_output_bias")}
 
 
 # -- weight names -------------------------------------------------------------------------
@@ -308,8 +326,14 @@ def target_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _variation_shapes(c: LlamaConfig, prefix: str) -> dict[str, tuple[int, ...]]:
-    """A target layer's weights beyond Llama's: QK norms, Gemma's sandwich norms."""
+    """A target layer's weights beyond Llama's: biases, QK norms, Gemma's sandwich norms."""
     shapes = {}
+    if c.attention_bias:
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        for part, rows in (("q", q), ("k", kv), ("v", kv)):
+            shapes[f"{prefix}.self_attn.{part}_proj.bias"] = (rows,)
+    if c.attention_output_bias:
+        shapes[f"{prefix}.self_attn.o_proj.bias"] = (c.hidden_size,)
     if c.qk_norm:
         shapes[f"{prefix}.self_attn.q_norm.weight"] = (c.head_dim,)
         shapes[f"{prefix}.self_attn.k_norm.weight"] = (c.head_dim,)

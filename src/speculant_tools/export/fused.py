@@ -11,7 +11,8 @@ kernels per layer, the contrib operators ONNX Runtime ships for exactly this:
   ``com.microsoft.SkipSimplifiedLayerNormalization`` for every later one, which adds the
   residual and normalizes in one kernel (output 0: the normed value, output 3: the sum);
 * one ``MatMul`` against q, k and v packed (the packing is a ``Concat`` of the transposed
-  initializers, folded once when the session is created);
+  initializers, folded once when the session is created), plus the packed q/k/v biases
+  where the configuration declares them;
 * ``com.microsoft.GroupQueryAttention`` with rotary embedding inside (``do_rotary``,
   half-rotation as HF's ``rotate_half``), ``past_key``/``past_value`` ``[b, KV, P, d]`` in
   and ``present`` ``[b, KV, P + s, d]`` out: the same cache cells as the explicit graph. It
@@ -41,14 +42,15 @@ node, for want of CPU kernels.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 import numpy as np
 import onnx
 from onnx import TensorProto
 
 from speculant_tools.export.config import EMBEDDING, ExportError, LlamaConfig, pre_mlp_norm
-from speculant_tools.export.graphs import MS_DOMAIN, _Graph, rope_tables
+from speculant_tools.export.graphs import MS_DOMAIN, _Graph
+from speculant_tools.export.rope import rope_tables
+from speculant_tools.export.variations import local_rope
 
 FUSED_DTYPES = ("float16", "float32")  # bfloat16: ONNX Runtime's CPU kernels lack it
 GRAPHS = ("auto", "fused", "explicit")
@@ -109,15 +111,14 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     presents = []
     for i, (past_key, past_value) in enumerate(pasts):
         prefix = f"model.layers.{i}"
-        attn = f"{prefix}.self_attn"
         context, key, value = g.node(
-            "GroupQueryAttention", [*_qkv(g, h, attn), past_key, past_value, seqlens_k, total,
-                                    *caches[i]], 3, "gqa", MS_DOMAIN,
+            "GroupQueryAttention", [*_qkv(g, h, prefix), past_key, past_value, seqlens_k,
+                                    total, *caches[i]], 3, "gqa", MS_DOMAIN,
             num_heads=c.num_attention_heads, kv_num_heads=c.num_key_value_heads,
             scale=c.attention_scale, do_rotary=1, rotary_interleaved=0,
             **_window_and_cap(c, i))  # context [b, s, H d]; key, value [b, KV, P + s, d]
         presents.append((key, value))
-        attended = g.linear(context, f"{attn}.o_proj.weight")
+        attended = g.projection(context, prefix, "o")
         if c.post_norms:
             attended = g.norm(attended, f"{prefix}.post_attention_layernorm.weight")
         h, x = g.add_norm(x, attended, pre_mlp_norm(c, prefix))
@@ -147,27 +148,32 @@ def _rotary_caches(g: _Graph, storage: np.dtype) -> list[tuple[str, str]]:
     full = caches(c, "")
     local = full
     if c.rope_local_base_freq is not None and any(c.sliding_layers):
-        local = caches(replace(c, rope_theta=c.rope_local_base_freq), "_local")
+        local = caches(local_rope(c), "_local")
     return [local if sliding else full for sliding in c.sliding_layers]
 
 
-def _qkv(g: _Graph, h: str, attn: str) -> list[str]:
-    """GroupQueryAttention's query, key and value inputs from ``h`` [b, s, hidden]: q, k
-    and v packed in one MatMul ([b, s, (H + 2 KV) d], the weights' Concat folded at load),
-    or with ``qk_norm`` q and k each normalized per head (RMSNorm over head_dim) before the
+def _qkv(g: _Graph, h: str, prefix: str) -> list[str]:
+    """GroupQueryAttention's query, key and value inputs from ``h`` [b, s, hidden] for layer
+    ``prefix``: q, k and v packed in one MatMul ([b, s, (H + 2 KV) d], the weights' Concat
+    folded at load), plus the packed biases where ``attention_bias``; or with ``qk_norm`` q
+    and k each (biased where declared) normalized per head (RMSNorm over head_dim) before the
     kernel rotates them, v apart."""
-    c = g.config
+    c, attn = g.config, f"{prefix}.self_attn"
     if not c.qk_norm:
         qkv_weight = g.op("Concat", [g.transposed(f"{attn}.{p}_proj.weight") for p in "qkv"],
                           "qkv_wt", axis=1)  # [hidden, (H + 2 KV) d], folded at load
-        return [g.op("MatMul", [h, qkv_weight], "qkv"), "", ""]
+        qkv = g.op("MatMul", [h, qkv_weight], "qkv")
+        if c.attention_bias:  # [(H + 2 KV) d], folded at load
+            bias = g.op("Concat", [f"{attn}.{p}_proj.bias" for p in "qkv"], "qkv_b", axis=0)
+            qkv = g.op("Add", [qkv, bias], "qkv_biased")
+        return [qkv, "", ""]
     normed = []
     for part, num_heads in (("q", c.num_attention_heads), ("k", c.num_key_value_heads)):
-        x = g.op("Reshape", [g.linear(h, f"{attn}.{part}_proj.weight"),
+        x = g.op("Reshape", [g.projection(h, prefix, part),
                              g.const("heads", [0, 0, num_heads, c.head_dim], "int64")])
         x = g.norm(x, f"{attn}.{part}_norm.weight")  # [b, s, heads, d]
         normed.append(g.op("Reshape", [x, g.const("merge", [0, 0, -1], "int64")], part))
-    return [*normed, g.linear(h, f"{attn}.v_proj.weight")]
+    return [*normed, g.projection(h, prefix, "v")]
 
 
 def _window_and_cap(c: LlamaConfig, layer: int) -> dict[str, float | int]:

@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from speculant_tools.export.config import EMBEDDING, LM_HEAD, VARIATIONS, LlamaConfig
+from speculant_tools.export.rope import rope_tables
 from speculant_tools.export.variations import Variations
 from speculant_tools.onnx_build import ELEMENT_TYPES, NUMPY_TYPES, GraphBuilder
 
@@ -50,18 +51,6 @@ INLINE_LIMIT = 1 << 30
 def initializer_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the model's inline initializers (raw data, as this module writes them)."""
     return sum(len(t.raw_data) for t in model.graph.initializer)
-
-
-def rope_tables(config: LlamaConfig) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin ``[max_position_embeddings, head_dim]`` float32, computed as HF's default
-    RoPE does (float32 inverse frequencies, halves duplicated)."""
-    dim = config.head_dim
-    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
-    inv_freq = (np.float32(1.0) / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
-    positions = np.arange(config.max_position_embeddings, dtype=np.float32)
-    freqs = np.outer(positions, inv_freq).astype(np.float32)  # [max_ctx, dim / 2]
-    angles = np.concatenate([freqs, freqs], axis=-1)  # [max_ctx, dim]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
 def uses_ort_operators(model: onnx.ModelProto) -> bool:
@@ -136,6 +125,16 @@ class _Graph(GraphBuilder, Variations):
         """``x @ weight.T`` for an HF weight ``[out, in]``."""
         return self.op("MatMul", [x, self.transposed(weight)], weight.rsplit(".", 1)[0])
 
+    def projection(self, h: str, prefix: str, part: str) -> str:
+        """``self_attn.{part}_proj`` of layer ``prefix`` applied to ``h`` (``part``: q, k, v
+        or o), plus its bias where the configuration declares one (``attention_bias`` for
+        q, k and v, ``attention_output_bias`` for o)."""
+        name = f"{prefix}.self_attn.{part}_proj"
+        out = self.linear(h, f"{name}.weight")
+        c = self.config
+        has_bias = c.attention_output_bias if part == "o" else c.attention_bias
+        return self.op("Add", [out, f"{name}.bias"], f"{part}_bias") if has_bias else out
+
     def rms_norm(self, x: str, weight: str) -> str:
         """HF LlamaRMSNorm: normalize in float32, cast back, then scale by the weight."""
         x32 = self.to_float32(x, self.dtype)
@@ -178,8 +177,7 @@ class _Graph(GraphBuilder, Variations):
         against ``keys``/``values`` ``[b, kv_heads, T, head_dim]`` (keys already rotated);
         ``allowed`` ``[b | 1, 1, 1, s | 1, T]`` bool."""
         c = self.config
-        q = self.heads(self.linear(h, f"{prefix}.self_attn.q_proj.weight"),
-                       c.num_attention_heads)
+        q = self.heads(self.projection(h, prefix, "q"), c.num_attention_heads)
         q = self.head_norm(q, f"{prefix}.self_attn.q_norm.weight")
         q = self.rotate(self.to_float32(q, self.dtype), rope)  # [b, H, s, d] float32
         q = self.op("Reshape", [q, self.const("gqa", [0, c.num_key_value_heads, c.num_groups,
@@ -194,8 +192,7 @@ class _Graph(GraphBuilder, Variations):
         context = self.op("MatMul", [probs, v], "context")  # [b, KV, G, s, d]
         context = self.op("Transpose", [context], "bs5", perm=[0, 3, 1, 2, 4])
         context = self.op("Reshape", [context, self.const("merge", [0, 0, -1], "int64")])
-        return self.linear(self.from_float32(context, self.dtype),
-                           f"{prefix}.self_attn.o_proj.weight")
+        return self.projection(self.from_float32(context, self.dtype), prefix, "o")
 
     def fused_attention(self, h: str, prefix: str, position_ids: str, keys: str, values: str,
                         lengths: str) -> str:
@@ -360,10 +357,10 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
         prefix = f"model.layers.{i}"
         layer_inputs.append(x)
         h = g.rms_norm(x, f"{prefix}.input_layernorm.weight")
-        k = g.heads(g.linear(h, f"{prefix}.self_attn.k_proj.weight"), c.num_key_value_heads)
+        k = g.heads(g.projection(h, prefix, "k"), c.num_key_value_heads)
         k = g.head_norm(k, f"{prefix}.self_attn.k_norm.weight")
         k = g.from_float32(g.rotate(g.to_float32(k, dtype), ropes[i]), dtype)
-        v = g.heads(g.linear(h, f"{prefix}.self_attn.v_proj.weight"), c.num_key_value_heads)
+        v = g.heads(g.projection(h, prefix, "v"), c.num_key_value_heads)
         if g.is_static:  # [b, KV, capacity, d], the block at [P, P + s)
             key, value = (g.scatter_block(past, new, query_pos)
                           for past, new in ((past_key, k), (past_value, v)))

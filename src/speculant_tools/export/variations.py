@@ -1,6 +1,7 @@
 """The target graph's blocks for the architecture variations of
 :class:`~speculant_tools.export.config.LlamaConfig` (Gemma's scaled embeddings, offset and
-sandwich norms, GeGLU, soft caps, QK norms, sliding layers with their own RoPE base): a mixin
+sandwich norms, GeGLU, soft caps, QK norms, sliding layers with their own RoPE base; the
+biases are ``_Graph.projection``'s): a mixin
 of the graph builder (``export/graphs.py``), each block the identity, or Llama's form, where
 the configuration keeps Llama's default. The graphs read the fields, never a family name.
 """
@@ -12,6 +13,13 @@ from dataclasses import replace
 import numpy as np
 
 from speculant_tools.export.config import EMBEDDING, LlamaConfig, pre_mlp_norm
+
+
+def local_rope(config: LlamaConfig) -> LlamaConfig:
+    """The configuration of a sliding layer's RoPE (Gemma 3): ``rope_local_base_freq``
+    unscaled, as transformers rotates its local layers (the scaling is the global
+    layers')."""
+    return replace(config, rope_theta=config.rope_local_base_freq, rope_scaling=None)
 
 
 class Variations:
@@ -64,13 +72,12 @@ class Variations:
 
     def layer_ropes(self, position_ids: str) -> list[tuple[str, str]]:
         """Per layer, :meth:`rope_at`'s cos and sin: a sliding layer's at
-        ``rope_local_base_freq`` where the configuration has one."""
+        ``rope_local_base_freq`` where the configuration has one (:func:`local_rope`)."""
         c = self.config
         rope = self.rope_at(position_ids)
         local = rope
         if c.rope_local_base_freq is not None and any(c.sliding_layers):
-            local = self.rope_at(position_ids, replace(c, rope_theta=c.rope_local_base_freq),
-                                 "local")
+            local = self.rope_at(position_ids, local_rope(c), "local")
         return [local if sliding else rope for sliding in c.sliding_layers]
 
     def layer_masks(self, allowed: str, query_pos: str, key_pos: str) -> list[str]:

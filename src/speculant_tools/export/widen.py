@@ -75,7 +75,12 @@ def shape_fields(shape: str | Mapping[str, int]) -> dict[str, int]:
 def widened_config(config: LlamaConfig, shape: str | Mapping[str, int]) -> LlamaConfig:
     """The trained ``config`` at ``shape`` (a name of :data:`SHAPES` or its fields), with the
     epsilon that keeps the norms; every dimension must be at least the trained one, the
-    groups too, and the head size a whole multiple of the trained one."""
+    groups too, and the head size a whole multiple of the trained one. Only the plain Llama
+    graph widens (no variations, no RoPE scaling)."""
+    if config.variant_fields:
+        raise ExportError("widening places the plain Llama graph's weights; this target "
+                          "declares more", path="config", value=config.variant_fields,
+                          expected="no variations")
     fields = shape_fields(shape)
     wide = dataclasses.replace(config, **fields,
                                drafter_intermediate_size=config.drafter_intermediate_size,

@@ -1,24 +1,37 @@
-"""The model families the importers take beyond Llama, and what each declares: the one home
-of the family -> :class:`~speculant_tools.export.LlamaConfig` variations mapping, for
-Hugging Face folders (``config.json``'s ``model_type``) and GGUF files
-(``general.architecture``). The graphs read the variations, never the family.
+"""The model families the importers take, and what each declares: the one home of the
+family -> :class:`~speculant_tools.export.LlamaConfig` variations mapping, for Hugging Face
+folders (``config.json``'s ``model_type``) and GGUF files (``general.architecture``), and
+back (``export-hf``'s ``config.json``). The graphs read the variations, never the family.
 
-=========  ===========================================================================
-family     variations (``LlamaConfig`` fields)
-=========  ===========================================================================
-Gemma 2    embeddings * sqrt(hidden), RMSNorm by (1 + w), GeGLU (gelu tanh), sandwich
-           norms (``post_norms``), attention and final logit soft caps,
-           ``query_pre_attn_scalar``, sliding layers 0, 2, 4, ... (window), tied head
-Gemma 3    Gemma 2's, without the soft caps, with QK norms, 5 sliding layers to 1 global,
-           sliding layers' RoPE at ``rope_local_base_freq``
-Phi-3      q/k/v and gate/up fused in the checkpoint (split here), an untied head,
-           every layer sliding where ``sliding_window`` is set (Phi-3-mini-4k: 2047)
-=========  ===========================================================================
+==========  ==========================================================================
+family      variations (``LlamaConfig`` fields)
+==========  ==========================================================================
+Llama 1-3   none; ``rope_scaling`` linear or llama3 (3.1 and later), ``attention_bias``
+            (q/k/v and o), an untied head where ``tie_word_embeddings`` is false
+Mistral     every layer sliding within ``sliding_window`` (v0.1: 4096; later: none),
+            an untied head
+Qwen 2/2.5  q/k/v biases (no o bias); with ``use_sliding_window`` the layers from
+            ``max_window_layers`` on slide (or as ``layer_types`` says)
+Qwen 3      QK norms (RMSNorm over head_dim), Llama's ``attention_bias``, Qwen 2's window
+Gemma 2     embeddings * sqrt(hidden), RMSNorm by (1 + w), GeGLU (gelu tanh), sandwich
+            norms (``post_norms``), attention and final logit soft caps,
+            ``query_pre_attn_scalar``, sliding layers 0, 2, 4, ... (window), tied head
+Gemma 3     Gemma 2's, without the soft caps, with QK norms, 5 sliding layers to 1 global,
+            sliding layers' RoPE at ``rope_local_base_freq``
+Phi-3       q/k/v and gate/up fused in the checkpoint (split here), an untied head,
+            every layer sliding where ``sliding_window`` is set (Phi-3-mini-4k: 2047)
+==========  ==========================================================================
+
+``dynamic`` RoPE scaling reads as plain RoPE with the context capped at the original one:
+transformers' dynamic scaling leaves the frequencies unchanged up to there.
 
 GGUF files written by llama.cpp's converter store a Gemma RMSNorm's ``1 + w`` (it adds the
 one), so a Gemma GGUF imports with ``norm_weight_offset`` 0, and keeps its q/k rows in
-Hugging Face's order (llama.cpp rotates Gemma and Phi-3 in halves, as Hugging Face does):
-only the ``llama`` architecture's rows are permuted. llama.cpp reads neither Gemma's
+Hugging Face's order (llama.cpp rotates Gemma, Phi-3 and Qwen in halves, as Hugging Face
+does): only the ``llama`` architecture's rows (and q/k biases) are permuted. Mistral's
+GGUFs say ``llama``. Biases and an untied ``output.weight`` are declared by the tensors a
+GGUF holds, llama3 scaling by its ``rope_freqs.weight`` (the per-frequency divisors
+llama.cpp's converter writes), as llama.cpp reads them. llama.cpp reads neither Gemma's
 ``query_pre_attn_scalar`` nor Gemma 3's local RoPE base from the file: it derives them as
 here (the 27B models scale by ``hidden / heads``; the local base is 10000).
 """
@@ -28,11 +41,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from speculant_tools.export.config import FULL, SLIDING, LlamaConfig
+from speculant_tools.export.layer_types import FULL, LAYER_TYPES, SLIDING
+from speculant_tools.export.rope import RopeScaling
+
+# export.config's LlamaConfig, read by attribute here and built by its callers from the
+# fields returned here: export.config consults this table (LlamaConfig.from_hf, to_hf), so
+# this module does not import it.
+Config = Any
 
 FUSED = {  # a fused Hugging Face weight -> its parts, stacked on the output axis in order
     "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -49,21 +69,28 @@ class Refusal(Exception):
     value: Any
     message: str
     remedy: str = ""
+    expected: str = ""
 
 
 @dataclass(frozen=True)
 class Family:
     """One family: its name (messages, docs/models.md), its Hugging Face ``model_type`` and
-    GGUF architecture, whether its checkpoints fuse q/k/v and gate/up (:data:`FUSED`), and
-    its variations from a ``config.json`` mapping or from a GGUF's keys."""
+    architecture, its GGUF architecture (None: its GGUFs say another family's), whether its
+    checkpoints fuse q/k/v and gate/up (:data:`FUSED`), its variations from a
+    ``config.json`` mapping or from a GGUF's keys, and ``config.json``'s fields of a
+    configuration it expresses (None: not written back; a function's None: not this one)."""
 
     name: str
     model_type: str
-    gguf_arch: str
+    architecture: str
+    gguf_arch: str | None
     hf_variations: Callable[[Mapping[str, Any], dict[str, Any]], dict[str, Any]]
-    gguf_variations: Callable[[Any, str, dict[str, Any]], dict[str, Any]]
+    gguf_variations: Callable[[Any, str, dict[str, Any]], dict[str, Any]] | None = None
     is_fused: bool = False
     gguf_layer_names: dict[str, str] = field(default_factory=dict)  # GGUF -> HF, per layer
+    gguf_permutes_qk: bool = False  # llama.cpp's converter interleaves q/k rows (llama)
+    has_rope_scaling: bool = False  # linear and llama3 RoPE scaling are read
+    hf_written: Callable[[Config], dict[str, Any] | None] | None = None
 
 
 def _gemma_common(num_layers: int, hidden: int, sliding_window: int | None,
@@ -80,7 +107,7 @@ def _check(data: Mapping[str, Any], key: str, expected: Any, default: Any,
     value = data.get(key, default)
     if value != expected and not (value is None and expected is False):
         raise Refusal(key, value, f"config.{key} = {value!r} is outside the exported "
-                      f"architecture (expected {expected!r})", remedy)
+                      f"architecture (expected {expected!r})", remedy, repr(expected))
 
 
 def _rope_type(rope: Any) -> str:
@@ -155,6 +182,121 @@ def _refuse_rope_scaling(data: Mapping[str, Any], keys: tuple[str, ...], remedy:
                           "rope scaling is not exported for this family", remedy)
 
 
+# -- Llama, Mistral, Qwen 2/2.5, Qwen 3 ------------------------------------------------------
+ROPE_REMEDY = ("delete the scaling from config.json (rope_scaling, or rope_parameters' keys "
+               "other than rope_theta) to run the model at its original context")
+
+
+def _hf_llama_like(data: Mapping[str, Any], sizes: dict[str, Any], *, tied: bool,
+                   qkv_bias: bool | None = None, output_bias: bool | None = None,
+                   qk_norm: bool = False, window: str = "none") -> dict[str, Any]:
+    """Llama's variations: ``tied`` where config.json omits ``tie_word_embeddings``; the
+    biases fixed by the family, or (None) both ``attention_bias``; ``window`` ``none``,
+    ``every_layer`` (Mistral) or ``upper_layers`` (Qwen, :func:`_qwen_window`)."""
+    _check(data, "mlp_bias", False, False)
+    _check(data, "hidden_act", "silu", "silu")
+    rope = _rope_parameters(data)[1]
+    factor = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0))
+    if factor != 1.0:
+        raise Refusal("partial_rotary_factor", factor, "partial rotary is not exported",
+                      "docs/models.md lists what imports", "1.0")
+    bias = bool(data.get("attention_bias", False))
+    variations = {"tie_word_embeddings": bool(data.get("tie_word_embeddings", tied)),
+                  "attention_bias": bias if qkv_bias is None else qkv_bias,
+                  "attention_output_bias": bias if output_bias is None else output_bias,
+                  "qk_norm": qk_norm, "rope_scaling": _rope_scaling(data, sizes)}
+    if window == "every_layer":  # MistralConfig's default window where config.json has none
+        variations["sliding_window"] = data.get("sliding_window", 4096)
+    elif window == "upper_layers":
+        variations.update(_qwen_window(data, sizes["num_hidden_layers"]))
+    return variations
+
+
+def _rope_parameters(data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """transformers 5's ``rope_parameters`` where it is, else 4's ``rope_scaling``: the key
+    and its mapping (empty for none)."""
+    key = "rope_parameters" if isinstance(data.get("rope_parameters"), Mapping) \
+        else "rope_scaling"
+    rope = data.get(key)
+    return key, dict(rope) if isinstance(rope, Mapping) else {}
+
+
+def _rope_scaling(data: Mapping[str, Any], sizes: dict[str, Any]) -> RopeScaling | None:
+    """linear and llama3 as :class:`RopeScaling`; ``dynamic`` as plain RoPE, the context
+    (``sizes``) capped at the original one; any other type refused."""
+    key, rope = _rope_parameters(data)
+    kind = _rope_type(rope)
+    original = rope.get("original_max_position_embeddings",
+                        data.get("original_max_position_embeddings"))
+    if kind == "default":
+        return None
+    if kind == "dynamic":
+        sizes["max_position_embeddings"] = min(sizes["max_position_embeddings"],
+                                               original or sizes["max_position_embeddings"])
+        return None
+    if kind not in ("linear", "llama3"):
+        raise Refusal(f"{key}.rope_type", kind, f"RoPE scaling {kind!r} is not exported",
+                      ROPE_REMEDY, "default, linear, dynamic or llama3")
+    needed = ("factor",) if kind == "linear" else ("factor", "low_freq_factor",
+                                                   "high_freq_factor")
+    values = {name: rope.get(name) for name in needed}
+    if kind == "llama3":
+        values["original_max_position_embeddings"] = original
+    missing = [name for name, value in values.items() if value is None]
+    if missing:
+        raise Refusal(key, rope, f"{kind} RoPE scaling lacks {', '.join(missing)}",
+                      "complete it from the model card", ", ".join(values))
+    return RopeScaling(kind, **values)
+
+
+def _qwen_window(data: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
+    """Qwen's sliding layers, as transformers reads them: none without
+    ``use_sliding_window``; else ``layer_types`` where config.json has them, or the layers
+    from ``max_window_layers`` (default 28) on."""
+    window = data.get("sliding_window") if data.get("use_sliding_window", False) else None
+    types = data.get("layer_types")
+    if isinstance(types, list) and not set(types) <= set(LAYER_TYPES):
+        raise Refusal("layer_types", sorted(set(types) - set(LAYER_TYPES)),
+                      "attention layer types other than full and sliding are not exported",
+                      expected=" or ".join(LAYER_TYPES))
+    if window is None:
+        return {}
+    if isinstance(types, list):
+        sliding = tuple(kind == SLIDING for kind in types)
+    else:
+        sliding = tuple(i >= data.get("max_window_layers", 28) for i in range(num_layers))
+    if not any(sliding):
+        return {}
+    return {"sliding_window": window, "layer_types": None if all(sliding) else tuple(
+        SLIDING if is_sliding else FULL for is_sliding in sliding)}
+
+
+def _written_llama(c: Config) -> dict[str, Any] | None:
+    if c.qk_norm or c.attention_bias != c.attention_output_bias or any(c.sliding_layers):
+        return None
+    return {"attention_bias": c.attention_bias}
+
+
+def _written_mistral(c: Config) -> dict[str, Any] | None:
+    if c.qk_norm or c.attention_bias or c.attention_output_bias or not all(c.sliding_layers):
+        return None
+    return {"sliding_window": c.sliding_window}
+
+
+def _written_qwen(c: Config, *, qk_norm: bool) -> dict[str, Any] | None:
+    """Qwen 2 (q/k/v biases) or Qwen 3 (QK norms, Llama's biases); sliding layers are the
+    layers from ``max_window_layers`` on, as transformers builds them."""
+    sliding = c.sliding_layers
+    first = sliding.index(True) if any(sliding) else len(sliding)
+    biases = (c.attention_bias == c.attention_output_bias) if qk_norm else (
+        c.attention_bias and not c.attention_output_bias)
+    if c.qk_norm != qk_norm or not biases or not all(sliding[first:]):
+        return None
+    return {"attention_bias": c.attention_bias, "use_sliding_window": any(sliding),
+            "sliding_window": c.sliding_window, "max_window_layers": first,
+            "layer_types": [SLIDING if is_sliding else FULL for is_sliding in sliding]}
+
+
 # -- GGUF ----------------------------------------------------------------------------------
 def _gguf_gemma(fields: Any, arch: str, sizes: dict[str, Any], *, pattern: int,
                 large_layers: int) -> dict[str, Any]:
@@ -187,26 +329,106 @@ def _gguf_phi3(fields: Any, arch: str, sizes: dict[str, Any]) -> dict[str, Any]:
             "sliding_window": fields.count(f"{arch}.attention.sliding_window", None)}
 
 
+def _gguf_llama(fields: Any, arch: str, sizes: dict[str, Any]) -> dict[str, Any]:
+    """A window where the file has one (a Mistral converted with it)."""
+    return {"sliding_window": fields.count(f"{arch}.attention.sliding_window", None)}
+
+
+def _hf_qwen3(data: Mapping[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
+    sizes["head_dim"] = data.get("head_dim") or 128  # Qwen3Config's default
+    return _hf_llama_like(data, sizes, tied=False, qk_norm=True, window="upper_layers")
+
+
+QK_NORM_GGUF_NAMES = {"attn_q_norm.weight": "self_attn.q_norm.weight",
+                      "attn_k_norm.weight": "self_attn.k_norm.weight"}
 GEMMA_GGUF_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.weight",
                     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-                    "attn_q_norm.weight": "self_attn.q_norm.weight",
-                    "attn_k_norm.weight": "self_attn.k_norm.weight"}
-FAMILIES = (
-    Family("Gemma 2", "gemma2", "gemma2", _hf_gemma2, _gguf_gemma2,
+                    **QK_NORM_GGUF_NAMES}
+FAMILIES = (  # export-hf writes a configuration as the first family that expresses it
+    # speculant's own config.json files omit tie_word_embeddings and tie
+    Family("Llama", "llama", "LlamaForCausalLM", "llama",
+           partial(_hf_llama_like, tied=True), _gguf_llama, gguf_permutes_qk=True,
+           has_rope_scaling=True, hf_written=_written_llama),
+    Family("Mistral", "mistral", "MistralForCausalLM", None,
+           partial(_hf_llama_like, tied=False, qkv_bias=False, output_bias=False,
+                   window="every_layer"), has_rope_scaling=True, hf_written=_written_mistral),
+    Family("Qwen 2", "qwen2", "Qwen2ForCausalLM", "qwen2",
+           partial(_hf_llama_like, tied=False, qkv_bias=True, output_bias=False,
+                   window="upper_layers"), lambda fields, arch, sizes: {},
+           has_rope_scaling=True, hf_written=partial(_written_qwen, qk_norm=False)),
+    Family("Qwen 3", "qwen3", "Qwen3ForCausalLM", "qwen3", _hf_qwen3,
+           lambda fields, arch, sizes: {"qk_norm": True}, gguf_layer_names=QK_NORM_GGUF_NAMES,
+           has_rope_scaling=True, hf_written=partial(_written_qwen, qk_norm=True)),
+    Family("Gemma 2", "gemma2", "Gemma2ForCausalLM", "gemma2", _hf_gemma2, _gguf_gemma2,
            gguf_layer_names=GEMMA_GGUF_NAMES),
-    Family("Gemma 3", "gemma3_text", "gemma3", _hf_gemma3, _gguf_gemma3,
+    Family("Gemma 3", "gemma3_text", "Gemma3ForCausalLM", "gemma3", _hf_gemma3, _gguf_gemma3,
            gguf_layer_names=GEMMA_GGUF_NAMES),
-    Family("Phi-3", "phi3", "phi3", _hf_phi3, _gguf_phi3, is_fused=True,
+    Family("Phi-3", "phi3", "Phi3ForCausalLM", "phi3", _hf_phi3, _gguf_phi3, is_fused=True,
            gguf_layer_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
                              "ffn_up.weight": "mlp.gate_up_proj.weight"}),
 )
 BY_MODEL_TYPE = {family.model_type: family for family in FAMILIES}
-BY_GGUF_ARCH = {family.gguf_arch: family for family in FAMILIES}
+BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES}
+BY_GGUF_ARCH = {family.gguf_arch: family for family in FAMILIES if family.gguf_arch}
+# the variations a family export-hf writes has (Gemma's others: none of them)
+WRITTEN = ("tie_word_embeddings", "qk_norm", "sliding_window", "layer_types",
+           "attention_bias", "attention_output_bias", "rope_scaling")
 
 
-def hf_config(family: Family, data: Mapping[str, Any]) -> LlamaConfig:
-    """The configuration of a ``config.json`` of ``family`` (a :class:`Refusal` names a
+def hf_family(data: Mapping[str, Any]) -> Family | None:
+    """The family of a ``config.json`` mapping: its ``model_type``'s, else its
+    ``architectures[0]``'s; neither named: Llama (speculant's older configs); None: a
+    family not listed here."""
+    if data.get("model_type") in BY_MODEL_TYPE:
+        return BY_MODEL_TYPE[data["model_type"]]
+    architectures = data.get("architectures")
+    name = architectures[0] if isinstance(architectures, list) and architectures else None
+    if isinstance(name, str) and name in BY_ARCHITECTURE:
+        return BY_ARCHITECTURE[name]
+    return BY_MODEL_TYPE["llama"] if name is None and data.get("model_type") is None else None
+
+
+def fields_from_hf(data: Mapping[str, Any]) -> dict[str, Any]:
+    """LlamaConfig's fields of a ``config.json`` mapping of any family here (a
+    :class:`Refusal` names an unknown family or a field outside the exported
+    architecture; a missing size raises KeyError)."""
+    family = hf_family(data)
+    if family is None:
+        raise Refusal("model_type", data.get("model_type"), "this architecture is not "
+                      "supported", "docs/models.md lists the families that import",
+                      " or ".join(BY_MODEL_TYPE))
+    return hf_config(family, data)
+
+
+def config_to_hf(config: Config) -> dict[str, Any]:
+    """``config.json``'s ``architectures``, ``model_type`` and family fields for
+    ``config``: the first family whose variations express it (a :class:`Refusal` names a
+    variation none of them has)."""
+    remedy = "keep the checkpoint the package was imported from"
+    for name, value in config.variant_fields.items():
+        if name not in WRITTEN:
+            raise Refusal(name, value, "export-hf writes Llama, Mistral and Qwen "
+                          "configurations; this variation is none of theirs", remedy)
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.rope_type == "factors":
+        raise Refusal("rope_scaling", scaling.rope_type, "a GGUF's per-frequency RoPE "
+                      "factors have no config.json form", remedy)
+    rope = None if scaling is None else {"rope_type": scaling.rope_type, **{
+        key: value for key, value in vars(scaling).items()
+        if key != "rope_type" and value is not None}}
+    for family in FAMILIES:
+        written = family.hf_written(config) if family.hf_written else None
+        if written is not None:
+            return {"architectures": [family.architecture], "model_type": family.model_type,
+                    "rope_scaling": rope, **written}
+    changed = config.variant_fields
+    raise Refusal(next(iter(changed)), changed, "no family export-hf writes has these "
+                  "variations together", remedy)
+
+
+def hf_config(family: Family, data: Mapping[str, Any]) -> dict[str, Any]:
+    """LlamaConfig's fields of a ``config.json`` of ``family`` (a :class:`Refusal` names a
     field outside the exported architecture; a missing size raises KeyError)."""
     rope = data.get("rope_parameters") or {}
     sizes: dict[str, Any] = {
@@ -220,10 +442,10 @@ def hf_config(family: Family, data: Mapping[str, Any]) -> LlamaConfig:
         "rms_norm_eps": float(data.get("rms_norm_eps", 1e-6)),
         "rope_theta": float(data.get("rope_theta") or rope.get("rope_theta") or 10000.0)}
     variations = family.hf_variations(data, sizes)
-    return LlamaConfig(**sizes, **variations)
+    return {**sizes, **variations}
 
 
-def fused_shapes(config: LlamaConfig, shapes: dict[str, tuple[int, ...]]
+def fused_shapes(config: Config, shapes: dict[str, tuple[int, ...]]
                  ) -> dict[str, tuple[int, ...]]:
     """``shapes`` (HF name -> shape) with each layer's :data:`FUSED` parts as their one
     fused weight, as a fused family's checkpoint holds them."""
@@ -236,7 +458,7 @@ def fused_shapes(config: LlamaConfig, shapes: dict[str, tuple[int, ...]]
     return out
 
 
-def split_fused(config: LlamaConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def split_fused(config: Config, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``weights`` with each fused weight split into its parts (rows in order: q, k, v and
     gate, up; the parts' widths from ``config``). A weight of the wrong height is left as it
     is, for the shape check to name."""

@@ -1,15 +1,17 @@
-"""Read a GGUF file of the Llama family, or of a family of
-:mod:`~speculant_tools.importers.families` (``gemma2``, ``gemma3``, ``phi3``), into a
-:class:`Checkpoint` (the ``gguf`` package).
+"""Read a GGUF file of a family of :mod:`~speculant_tools.importers.families`
+(``general.architecture`` ``llama``, ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3``,
+``phi3``) into a :class:`Checkpoint` (the ``gguf`` package).
 
 Tensors are dequantized exactly as ggml does, by gguf's own code, one tensor at a time
 (``gguf_quant``: every type gguf dequantizes); the blocks of the types ONNX Runtime's
 MatMulNBits computes with exactly (Q4_0, Q3_K) are also kept (``Checkpoint.kept``).
-llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` so that its
-rotary kernel rotates adjacent pairs; Hugging Face's Llama rotates halves, so the import
-undoes that permutation (:func:`unpermute_rows`; the ``llama`` architecture's alone).
-Sizes, the tokenizer, its special tokens, EOS/BOS and the chat template come from the GGUF's
-metadata.
+llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` (and their biases) so
+that its rotary kernel rotates adjacent pairs; Hugging Face's Llama rotates halves, so the
+import undoes that permutation (:func:`unpermute_rows`; the ``llama`` architecture's alone).
+Sizes, RoPE scaling (``rope.scaling.type`` linear, or llama3's per-frequency
+``rope_freqs.weight``), the tokenizer, its special tokens, EOS/BOS and the chat template
+come from the GGUF's metadata; the biases and an untied ``output.weight`` from the tensors
+the file holds (as llama.cpp reads them).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from speculant_tools.export import ExportError, LlamaConfig, target_shapes
+from speculant_tools.export import ExportError, LlamaConfig, RopeScaling, target_shapes
 from speculant_tools.export.config import EMBEDDING, LM_HEAD
 from speculant_tools.importers.checkpoint import (
     Checkpoint,
@@ -29,13 +31,23 @@ from speculant_tools.importers.checkpoint import (
     Progress,
     tokenizer_config,
 )
-from speculant_tools.importers.families import BY_GGUF_ARCH, fused_shapes, split_fused
+from speculant_tools.importers.families import (
+    BY_GGUF_ARCH,
+    ROPE_REMEDY,
+    Family,
+    fused_shapes,
+    split_fused,
+)
 from speculant_tools.importers.gguf_header import REMEDY, check_header, printable
 from speculant_tools.importers.gguf_quant import NBits, can_dequantize, dequantize, nbits_of
 from speculant_tools.importers.gguf_vocab import build_tokenizer, default_add_bos
 
-ARCHITECTURES = ("llama", *BY_GGUF_ARCH)
+ARCHITECTURES = tuple(BY_GGUF_ARCH)
 FAMILIES_REMEDY = "docs/models.md lists the families and fields that import"
+ROPE_FREQS = "rope_freqs.weight"  # llama3 scaling: frequency i divided by rope_freqs[i]
+ROPE_REMEDY_GGUF = ("remove the scaling keys to run the model at its original context: "
+                    "gguf-new-metadata --remove-metadata {key} IN OUT (the gguf package), "
+                    "or import the Hugging Face folder after: " + ROPE_REMEDY)
 TYPE_REMEDY = ("re-quantize it with llama.cpp (llama-quantize --allow-requantize IN OUT Q4_K_M, "
                "or Q8_0), or import the model's Hugging Face folder")
 LAYER_NAMES = {  # GGUF blk.{i}.NAME -> HF model.layers.{i}.NAME
@@ -48,6 +60,10 @@ LAYER_NAMES = {  # GGUF blk.{i}.NAME -> HF model.layers.{i}.NAME
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
 }
 GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                 "output_norm.weight": "model.norm.weight", "output.weight": LM_HEAD}
@@ -163,27 +179,64 @@ def read_gguf(path: str | Path, progress: Progress | None = None) -> Checkpoint:
         raise ImporterError(f"gguf's reader refuses the file: {type(error).__name__}: "
                             f"{error}", file=file, path="GGUF", remedy=REMEDY) from None
     fields = _Fields(reader, file)
-    config = _config(fields)
-    family = BY_GGUF_ARCH.get(fields.text("general.architecture"))
-    tensors = _checked_tensors(reader.tensors, config, fields)
-    weights, kept = _weights(tensors, config, file, progress, permuted=family is None)
-    if family is not None and family.is_fused:
-        weights = split_fused(config, weights)
-        kept = {name: nbits for name, nbits in kept.items() if name in weights}
-    return Checkpoint(config=config, weights=weights, source=file, kept=kept,
-                      **_tokenizer(fields, config))
-
-
-def _config(fields: _Fields) -> LlamaConfig:
     arch = fields.text("general.architecture")
     if arch not in ARCHITECTURES:
         raise fields.refuse("general.architecture", "this architecture is not supported",
                             arch, " or ".join(ARCHITECTURES), remedy=FAMILIES_REMEDY)
-    scaling = fields.text(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", "linear") or (
-            scaling == "linear" and fields.positive(f"{arch}.rope.scaling.factor", 1.0) != 1.0):
-        raise fields.refuse(f"{arch}.rope.scaling.type", "rope scaling is not supported",
-                            scaling, "none (plain RoPE)", remedy="")
+    family = BY_GGUF_ARCH[arch]
+    config = _config(fields, arch, family, reader.tensors)
+    tensors = _checked_tensors([t for t in reader.tensors if t.name != ROPE_FREQS
+                                or not family.has_rope_scaling], config, fields)
+    weights, kept = _weights(tensors, config, file, progress,
+                             permuted=family.gguf_permutes_qk)
+    if family.is_fused:
+        weights = split_fused(config, weights)
+        kept = {name: nbits for name, nbits in kept.items() if name in weights}
+    if LM_HEAD in weights and np.array_equal(weights[LM_HEAD], weights[EMBEDDING]):
+        del weights[LM_HEAD]  # written out although tied
+        kept.pop(LM_HEAD, None)
+        config = replace(config, tie_word_embeddings=True)
+    return Checkpoint(config=config, weights=weights, source=file, kept=kept,
+                      **_tokenizer(fields, config))
+
+
+def _rope_scaling(fields: _Fields, arch: str, tensors: list[Any], head_dim: int
+                  ) -> RopeScaling | None:
+    """Linear scaling from ``rope.scaling.type``/``factor``; llama3's as the per-frequency
+    divisors llama.cpp's converter writes in ``rope_freqs.weight``."""
+    key = f"{arch}.rope.scaling.type"
+    scaling = fields.text(key, "none")
+    if scaling not in ("none", "linear"):
+        raise fields.refuse(key, f"RoPE scaling {scaling!r} is not supported", scaling,
+                            "none or linear (llama3: rope_freqs.weight)",
+                            remedy=ROPE_REMEDY_GGUF.format(key=key))
+    factor = fields.positive(f"{arch}.rope.scaling.factor", 1.0)
+    frequencies = [t for t in tensors if t.name == ROPE_FREQS]
+    if not frequencies:
+        return RopeScaling("linear", factor=factor) if scaling == "linear" and factor != 1.0 \
+            else None
+    tensor = frequencies[0]
+    if tensor.tensor_type.name != "F32" or [int(n) for n in tensor.shape] != [head_dim // 2]:
+        raise fields.refuse(f"tensors.{ROPE_FREQS}", "the RoPE frequency factors must be one "
+                            "F32 row of head_dim / 2 values", (tensor.tensor_type.name,
+                            [int(n) for n in tensor.shape]), f"F32 [{head_dim // 2}]")
+    if scaling == "linear" and factor != 1.0:
+        raise fields.refuse(key, "linear scaling and rope_freqs.weight together", scaling,
+                            "one of them")
+    with np.errstate(all="ignore"):  # non-finite factors: refused by RopeScaling
+        divisors = tuple(float(x) for x in np.asarray(tensor.data, np.float32).reshape(-1))
+    return RopeScaling("factors", frequency_factors=divisors)
+
+
+def _config(fields: _Fields, arch: str, family: Family, tensors: list[Any]) -> LlamaConfig:
+    """The sizes and the family's variations; biases and an untied head as the file's
+    tensors declare them (llama.cpp loads them where present)."""
+    if not family.has_rope_scaling:
+        scaling = fields.text(f"{arch}.rope.scaling.type", "none")
+        if scaling not in ("none", "linear") or (scaling == "linear" and fields.positive(
+                f"{arch}.rope.scaling.factor", 1.0) != 1.0):
+            raise fields.refuse(f"{arch}.rope.scaling.type", "rope scaling is not supported "
+                                f"for {family.name}", scaling, "none (plain RoPE)", remedy="")
     heads = fields.count(f"{arch}.attention.head_count")
     hidden = fields.count(f"{arch}.embedding_length")
     head_dim = fields.count(f"{arch}.attention.key_length", None) or hidden // heads
@@ -202,16 +255,22 @@ def _config(fields: _Fields) -> LlamaConfig:
              "num_key_value_heads": fields.count(f"{arch}.attention.head_count_kv", heads),
              "intermediate_size": fields.count(f"{arch}.feed_forward_length"),
              "max_position_embeddings": fields.count(f"{arch}.context_length")}
-    family = BY_GGUF_ARCH.get(arch)
-    variations = {} if family is None else family.gguf_variations(fields, arch, sizes)
+    names = {tensor.name for tensor in tensors}
+    variations = {"attention_bias": "blk.0.attn_q.bias" in names,
+                  "attention_output_bias": "blk.0.attn_output.bias" in names,
+                  "tie_word_embeddings": "output.weight" not in names,
+                  **family.gguf_variations(fields, arch, sizes)}
+    if family.has_rope_scaling:
+        variations["rope_scaling"] = _rope_scaling(fields, arch, tensors, head_dim)
     try:
         return LlamaConfig(**sizes, rms_norm_eps=_float32(
             fields, f"{arch}.attention.layer_norm_rms_epsilon"), rope_theta=_float32(
             fields, f"{arch}.rope.freq_base", 10000.0), **variations)
     except ExportError as error:
-        field = error.paths[0].removeprefix("config.")
-        raise fields.refuse(CONFIG_KEYS.get(field, "").format(arch=arch), f"{error}",
-                            remedy="") from None
+        field = error.paths[0].removeprefix("config.").split(".")[0]
+        key = f"tensors.{ROPE_FREQS}" if field == "rope_scaling" else CONFIG_KEYS.get(
+            field, "").format(arch=arch)
+        raise fields.refuse(key, f"{error}", remedy="") from None
 
 
 def _float32(fields: _Fields, key: str, default: Any = MISSING) -> float:
@@ -243,8 +302,8 @@ def _checked_tensors(tensors: list[Any], config: LlamaConfig,
     tensor data the file holds). ``block_count`` is checked against the tensors present
     before the expected shapes are listed (a list as long as the declared layers)."""
     arch = fields.text("general.architecture")
-    family = BY_GGUF_ARCH.get(arch)
-    layer_names = LAYER_NAMES if family is None else {**LAYER_NAMES, **family.gguf_layer_names}
+    layer_names = {**LAYER_NAMES, **BY_GGUF_ARCH[arch].gguf_layer_names}
+    family = BY_GGUF_ARCH[arch]
     named = []
     for tensor in tensors:
         name, kind = printable(tensor.name), tensor.tensor_type.name
@@ -263,11 +322,11 @@ def _checked_tensors(tensors: list[Any], config: LlamaConfig,
     num_layers = len({name.split(".")[2] for _, name in named
                       if name.startswith("model.layers.")})
     if config.num_hidden_layers != num_layers:
-        raise fields.refuse("llama.block_count", "the file holds the tensors of another number "
-                            "of layers", config.num_hidden_layers,
+        raise fields.refuse(f"{arch}.block_count", "the file holds the tensors of another "
+                            "number of layers", config.num_hidden_layers,
                             f"{num_layers} (the layers whose tensors the file holds)")
     shapes = target_shapes(config)
-    if family is not None and family.is_fused:  # q/k/v and gate/up as the file holds them
+    if family.is_fused:  # q/k/v and gate/up as the file holds them
         shapes = fused_shapes(config, shapes)
     optional = set() if LM_HEAD in shapes else {LM_HEAD}
     shapes[LM_HEAD] = shapes[EMBEDDING]  # tied: an output.weight unequal is refused at export
@@ -276,8 +335,8 @@ def _checked_tensors(tensors: list[Any], config: LlamaConfig,
         if hf_name not in shapes or tuple(reversed(dims)) != shapes[hf_name]:
             expected = list(reversed(shapes[hf_name])) if hf_name in shapes else "no tensor"
             raise fields.refuse(f"tensors.{printable(tensor.name)}.dims", "the tensor "
-                                "disagrees with the sizes the metadata declares (llama."
-                                "embedding_length, vocab_size, head counts, "
+                                "disagrees with the sizes the metadata declares "
+                                "(embedding_length, vocab_size, head counts, key_length, "
                                 "feed_forward_length)", dims, f"{expected} (ne0 first)")
     missing = sorted(set(shapes) - {name for _, name in named} - optional)
     if missing:
@@ -294,13 +353,14 @@ def _check_context(config: LlamaConfig, num_weight_values: int, fields: _Fields)
     more. A real model's tables are a small fraction of its weights (SmolLM2-135M: 0.4 %,
     Llama 3.1 8B: 0.2 %); 2^25 positions in a 14 KB file would be 2 GB."""
     limit = max(MIN_POSITIONS, num_weight_values // config.head_dim)
+    key = f"{fields.text('general.architecture')}.context_length"
     if config.max_position_embeddings > limit:
-        raise fields.refuse("llama.context_length", "the context is out of proportion to the "
+        raise fields.refuse(key, "the context is out of proportion to the "
                             "weights the file holds (the export builds position tables of "
                             "context_length x head_dim values)",
                             config.max_position_embeddings, f"at most {limit}",
                             remedy="set the model's real context length: gguf-set-metadata "
-                                   "FILE llama.context_length N (the gguf package)")
+                                   f"FILE {key} N (the gguf package)")
 
 
 def _weights(tensors: list[tuple[Any, str]], config: LlamaConfig, file: str,
@@ -308,7 +368,8 @@ def _weights(tensors: list[tuple[Any, str]], config: LlamaConfig, file: str,
              ) -> tuple[dict[str, np.ndarray], dict[str, NBits]]:
     """The float32 weights (HF names and layout), dequantized one tensor at a time by gguf,
     and the linear layers whose blocks stay quantized (``gguf_quant.nbits_of``).
-    ``permuted``: q/k rows as llama.cpp's Llama converter writes them, put back in halves."""
+    ``permuted``: q/k rows (and biases) as llama.cpp's Llama converter writes them, put back
+    in halves."""
     weights: dict[str, np.ndarray] = {}
     kept: dict[str, NBits] = {}
     for index, (tensor, hf_name) in enumerate(tensors):
@@ -326,8 +387,9 @@ def _weights(tensors: list[tuple[Any, str]], config: LlamaConfig, file: str,
         nbits = nbits_of(tensor.data, tensor.tensor_type, array) \
             if hf_name.endswith("proj.weight") else None
         heads = None if not permuted else (
-            config.num_attention_heads if name.endswith("attn_q.weight") else
-            config.num_key_value_heads if name.endswith("attn_k.weight") else None)
+            config.num_attention_heads if name.endswith(("attn_q.weight", "attn_q.bias")) else
+            config.num_key_value_heads if name.endswith(("attn_k.weight", "attn_k.bias"))
+            else None)
         if heads is not None:
             order = unpermute_rows(np.arange(shape[0]), heads)
             array = array[order]

@@ -1,11 +1,15 @@
 """Read a local Hugging Face checkpoint folder into a :class:`Checkpoint`: ``config.json``,
-``*.safetensors`` (one file or shards), ``tokenizer.json`` and ``tokenizer_config.json``
-(copied as it is: chat template, BOS, EOS). Llama, and the families of
-:mod:`~speculant_tools.importers.families` by ``model_type`` (fused weights split there)."""
+``*.safetensors`` (one file or shards; float32, float16 or bfloat16), ``tokenizer.json`` and
+``tokenizer_config.json`` (copied as it is: chat template, BOS, EOS). The families of
+:mod:`~speculant_tools.importers.families` by ``model_type`` (fused weights split there).
+Old checkpoints' saved rotary buffers (``rotary_emb.inv_freq``) are skipped: the graph
+computes RoPE itself."""
 
 from __future__ import annotations
 
 import json
+import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +22,17 @@ from speculant_tools.importers.checkpoint import (
     Progress,
     read_tokenizer_config,
 )
-from speculant_tools.importers.families import BY_MODEL_TYPE, Refusal, hf_config, split_fused
+from speculant_tools.importers.families import (
+    BY_MODEL_TYPE,
+    Family,
+    Refusal,
+    hf_config,
+    hf_family,
+    split_fused,
+)
 
-ARCHITECTURES = ("LlamaForCausalLM",)
+FLOAT_TYPES = ("F32", "F16", "BF16")  # safetensors' names
+SKIPPED_SUFFIX = "rotary_emb.inv_freq"  # a buffer older transformers saved with the weights
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -41,17 +53,15 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def read_hf_folder(folder: str | Path, progress: Progress | None = None) -> Checkpoint:
-    """The Llama checkpoint saved in ``folder`` (float32 weights)."""
+    """The checkpoint saved in ``folder`` (float32 weights)."""
     folder = Path(folder)
     config_file = folder / "config.json"
     data = _json(config_file)
-    architectures = data.get("architectures") or [data.get("model_type")]
-    family = BY_MODEL_TYPE.get(data.get("model_type"))
-    if family is None and architectures[0] not in ARCHITECTURES \
-            and data.get("model_type") != "llama":
+    family = hf_family(data)
+    if family is None:
         raise ImporterError("this architecture is not supported", file=str(config_file),
                             path="model_type", value=data.get("model_type"),
-                            expected=" or ".join(("llama", *BY_MODEL_TYPE)),
+                            expected=" or ".join(BY_MODEL_TYPE),
                             remedy="docs/models.md lists the families that import; a "
                                    "Gemma 3 vision checkpoint (model_type gemma3) imports "
                                    "as its text model saved alone (Gemma3ForCausalLM)")
@@ -64,7 +74,7 @@ def read_hf_folder(folder: str | Path, progress: Progress | None = None) -> Chec
     if isinstance(eos, list):
         eos = eos[0] if eos else None
     weights = _safetensors(folder, progress)
-    if family is not None and family.is_fused:
+    if family.is_fused:
         weights = split_fused(config, weights)
     return Checkpoint(config=config, weights=weights,
                       tokenizer_json=tokenizer_json.read_text(encoding="utf-8"),
@@ -72,14 +82,13 @@ def read_hf_folder(folder: str | Path, progress: Progress | None = None) -> Chec
                       eos_id=eos, source=str(folder))
 
 
-def _config(data: dict[str, Any], family: Any, file: Path) -> LlamaConfig:
-    """``data``'s configuration: Llama's, or its family's variations."""
+def _config(data: dict[str, Any], family: Family, file: Path) -> LlamaConfig:
+    """``data``'s configuration: its family's variations."""
     try:
-        if family is None:
-            return LlamaConfig.from_hf(data)
-        return hf_config(family, data)
-    except ExportError as error:
-        raise ImporterError(f"{error}", file=str(file)) from None
+        return LlamaConfig(**hf_config(family, data))
+    except ExportError as error:  # names the field; the file is this one
+        raise ImporterError(problems=[replace(p, file=str(file)) for p in error.problems]) \
+            from None
     except KeyError as missing:
         raise ImporterError(f"config has no {missing.args[0]!r}", file=str(file),
                             path=f"config.{missing.args[0]}",
@@ -87,6 +96,7 @@ def _config(data: dict[str, Any], family: Any, file: Path) -> LlamaConfig:
     except Refusal as refusal:
         raise ImporterError(f"{family.name}: {refusal.message}", file=str(file),
                             path=f"config.{refusal.path}", value=refusal.value,
+                            expected=refusal.expected,
                             remedy=refusal.remedy or "docs/models.md lists what imports"
                             ) from None
 
@@ -101,13 +111,28 @@ def _safetensors(folder: Path, progress: Progress | None) -> dict[str, np.ndarra
     weights: dict[str, np.ndarray] = {}
     for path in files:
         with safe_open(str(path), framework="numpy") as handle:
-            names = list(handle.keys())
+            names = [name for name in handle.keys() if not name.endswith(SKIPPED_SUFFIX)]
             for index, name in enumerate(names):
-                array = handle.get_tensor(name)
-                if array.dtype.kind != "f":
+                kind = handle.get_slice(name).get_dtype()
+                if kind not in FLOAT_TYPES:
                     raise ImporterError("only floating-point weights are supported",
-                                        file=str(path), path=name, value=str(array.dtype))
-                weights[name] = np.asarray(array, np.float32)
+                                        file=str(path), path=name, value=kind,
+                                        expected=", ".join(FLOAT_TYPES))
+                weights[name] = (_bfloat16(path, name) if kind == "BF16"
+                                 else np.asarray(handle.get_tensor(name), np.float32))
                 if progress is not None:
                     progress(f"reading {path.name}: {name}", index + 1, len(names))
     return weights
+
+
+def _bfloat16(path: Path, name: str) -> np.ndarray:
+    """A BF16 tensor as float32 (exact: bfloat16 is float32's upper half), read by the
+    safetensors layout (an 8-byte little-endian header size, the JSON header, the data),
+    since numpy has no bfloat16 for safetensors' numpy reader to build."""
+    with path.open("rb") as handle:
+        (size,) = struct.unpack("<Q", handle.read(8))
+        info = json.loads(handle.read(size))[name]
+        start, end = info["data_offsets"]
+        handle.seek(8 + size + start)
+        raw = np.frombuffer(handle.read(end - start), np.dtype("<u2"))
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])

@@ -89,7 +89,7 @@ def _read_checkpoint(path: Path, name: str) -> TargetSource:
         raise _unsupported(path, "genai_config.json: model.type",
                            "an onnxruntime-genai graph (its weights are not the exporter's)")
     checkpoint = read_checkpoint(path)
-    config = replace(checkpoint.config, drafter_intermediate_size=None, draft_vocab_size=None)
+    config = _plain_llama(checkpoint.config, path, "config.")
     return TargetSource(config=config, weights=checkpoint.weights,
                         tokenizer_json=checkpoint.tokenizer_json,
                         tokenizer_config=dict(checkpoint.tokenizer_config),
@@ -112,7 +112,7 @@ def _read_package(root: Path, name: str) -> TargetSource:
         raise _unsupported(settings.target_artifact, "graph.node[op_type=MatMulNBits]",
                            "an int4 target (its float weights are not in the package)")
     config, weights, _ = read_weights(root, skip_int4_drafter=True)
-    config = replace(config, drafter_intermediate_size=None, draft_vocab_size=None)
+    config = _plain_llama(config, settings.target_artifact, f"metadata_props[{CONFIG_KEY}].")
     weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
     tokenizer = settings.tokenizer
     if not tokenizer.is_file():
@@ -122,6 +122,15 @@ def _read_package(root: Path, name: str) -> TargetSource:
                         tokenizer_json=tokenizer.read_text(encoding="utf-8"),
                         tokenizer_config=read_tokenizer_config(root),
                         eos_id=settings.eos_id, name=name)
+
+
+def _plain_llama(config: LlamaConfig, file: Path, prefix: str) -> LlamaConfig:
+    """``config`` without drafter widths; refused where it declares a variation (the
+    trainer's frozen target, ``train_drafter.llama``, is the plain Llama graph)."""
+    for name in config.variant_fields:
+        raise _unsupported(file, prefix + name, f"a target that declares {name} (a family "
+                           "the trainer's target model does not compute yet)")
+    return replace(config, drafter_intermediate_size=None, draft_vocab_size=None)
 
 
 def _unsupported(file: Path, field_path: str, what: str) -> TrainDrafterError:

@@ -142,12 +142,18 @@ def _layer_config(data: dict[str, Any], file: str) -> LlamaConfig:
                             file=file, path="transformer_layer_config.num_hidden_layers",
                             value=layer.get("num_hidden_layers"), expected="1")
     try:
-        return LlamaConfig.from_hf({**layer, "tie_word_embeddings": True})  # ties nothing
+        config = LlamaConfig.from_hf({**layer, "tie_word_embeddings": True})  # ties nothing
     except ExportError as error:
         problem = error.problems[0]
         raise ImporterError(problem.message, file=file, value=problem.value,
                             path="transformer_layer_config" + problem.path.removeprefix(
                                 "config"), expected=problem.expected) from None
+    for name, value in config.variant_fields.items():  # the EAGLE graph's layer is plain
+        raise ImporterError("the head's layer declares what speculant's EAGLE graph does not "
+                            "compute", file=file, path=f"transformer_layer_config.{name}",
+                            value=value, expected="a plain Llama layer (no biases, q/k "
+                            "norms, RoPE scaling or sliding window)")
+    return config
 
 
 def read_safetensors(folder: Path) -> dict[str, np.ndarray]:
