@@ -209,3 +209,60 @@ def chained(target: StaticTarget, drafter: StaticDrafter, table: np.ndarray, pro
         seed, carry, length = block[kept - 1], hidden[:, kept - 1:kept], start + kept
         pending = choices[kept - 1]
     return out[:num_new], num_accepted
+
+
+class BatchedTarget:
+    """A batched target (``export/batched.py``): ``rows`` requests, each with its own length,
+    over buffers ``[rows, KV, capacity, d]`` (``fill``: what they hold before any pass).
+
+    ``run(blocks)`` pads the rows' blocks to the widest on the right and binds
+    ``block_lengths`` to each row's width (``defect="full_block_lengths"``: the width ``W``
+    for every row, so padding is written); past and present share one buffer per cell.
+    """
+
+    def __init__(self, model_path: Path, rows: int, capacity: int, fill: np.ndarray,
+                 defect: str | None = None) -> None:
+        self.session = _session(model_path)
+        self.config, self.dtype = _config(self.session), _dtype(self.session)
+        c = self.config
+        assert fill.shape == (c.num_hidden_layers, 2, rows, c.num_key_value_heads, capacity,
+                              c.head_dim)
+        self.buffers = {(i, part): ort.OrtValue.ortvalue_from_numpy(
+            np.ascontiguousarray(fill[i, j].astype(self.dtype)))
+            for i in range(c.num_hidden_layers) for j, part in enumerate(("key", "value"))}
+        self.lengths = np.zeros(rows, np.int64)  # L_b
+        self.defect = defect
+        self.presents: dict[tuple[int, str], ort.OrtValue] = {}
+
+    def run(self, blocks: list[list[int]]) -> list[np.ndarray]:
+        """One pass; ``blocks[b]`` the row's tokens (empty: a padding row). Returns each
+        row's logits [W_b, vocab] float32."""
+        rows, width = len(blocks), max(len(block) for block in blocks)
+        ids = np.zeros((rows, width), np.int64)
+        for b, block in enumerate(blocks):
+            ids[b, :len(block)] = block
+        widths = np.array([len(block) for block in blocks], np.int64)
+        positions = self.lengths[:, None] + np.arange(width, dtype=np.int64)[None]
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("position_ids", positions)
+        binding.bind_cpu_input("cache_lengths", self.lengths.copy())
+        binding.bind_cpu_input("block_lengths", np.full(rows, width, np.int64)
+                               if self.defect == "full_block_lengths" else widths)
+        binding.bind_output("logits")
+        binding.bind_output("hidden_states")
+        for (i, part), buffer in self.buffers.items():
+            binding.bind_ortvalue_input(f"past_key_values.{i}.{part}", buffer)
+            binding.bind_ortvalue_output(f"present.{i}.{part}", buffer)
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        self.presents = dict(zip(self.buffers, outputs[2:], strict=True))
+        self.lengths = self.lengths + widths
+        logits = outputs[0].numpy().astype(np.float32)
+        return [logits[b, :len(block)] for b, block in enumerate(blocks)]
+
+    def snapshot(self) -> np.ndarray:
+        """Every buffer's bytes, [layers, 2, rows, KV, capacity, d] (a copy)."""
+        c = self.config
+        return np.stack([np.stack([self.buffers[i, part].numpy() for part in ("key", "value")])
+                         for i in range(c.num_hidden_layers)])
