@@ -28,7 +28,7 @@ ATTENTION_KINDS = ("full_attention", "sliding_attention", "multi_latent_attentio
 Writers = dict[str, list[tuple[str, StatePortAlias]]]  # cell -> (component, alias) writing it
 UPDATE_KEYS = {"append": set(), "replace": set(),
                "indexed_scatter": {"write_indices", "capacity", "write_indices_ports",
-                                   "kv_length_ports"}}
+                                   "kv_length_ports", "batch"}}
 
 
 def check(doc: Document, values: Values, out: ProblemCollector) -> None:

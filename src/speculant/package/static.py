@@ -74,7 +74,28 @@ def check(doc: Document, out: ProblemCollector) -> None:
             for component, port in ports.items():
                 _check_length_port(wf, component, port, f"{path}.update.{key}.{component}",
                                    out)
+        if "batch" in fields:
+            _check_batch(wf, fields["batch"], f"{path}.update.batch", out)
         _check_capacity_axis(wf, name, group, out)
+
+
+def _check_batch(wf: Workflow, batch: object, path: str, out: ProblemCollector) -> None:
+    """speculant's extension (docs/design/batching.md): ``{max_rows: N ≥ 1, artifacts:
+    {component: path of its batched graph}, block_lengths_ports: {component: port}}``. The
+    runtime decodes at batch 1 with the components' own artifacts; this is read by inspect."""
+    rows = batch.get("max_rows") if isinstance(batch, dict) else None
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        out.add(MetadataError, "update.batch needs max_rows, a number of rows >= 1",
+                path=f"{path}.max_rows", value=rows, rule=RULE, expected="an integer >= 1")
+    for key in ("artifacts", "block_lengths_ports"):
+        entries = batch.get(key) if isinstance(batch, dict) else None
+        if not isinstance(entries, dict) or not all(
+                component in wf.components and isinstance(value, str)
+                for component, value in entries.items()):
+            out.add(MetadataError, f"update.batch.{key} must map declared components to "
+                    "names", path=f"{path}.{key}", value=entries, rule=RULE,
+                    expected="{component: " + ("artifact path}" if key == "artifacts"
+                                               else "port}"))
 
 
 def _check_cell_name(wf: Workflow, name: object, path: str, out: ProblemCollector) -> None:

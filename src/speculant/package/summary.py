@@ -66,7 +66,23 @@ def summarize(doc: Document) -> dict[str, Any]:
     summary["steps"] = [step.kind if step.kind != "invoke" else f"invoke {step.component}"
                         for step in wf.steps]
     summary["speculative"] = _summarize_speculative(doc)
+    summary["batch"] = batch_line(doc)
     return summary
+
+
+def batch_line(doc: Document) -> str:
+    """How many requests one target pass can take: ``up to N rows (artifact)`` where a state
+    group's ``update.batch`` (speculant's extension of ``indexed_scatter``,
+    docs/design/batching.md) declares a batched graph, else ``1 only``."""
+    for group in groups_of(doc.workflow).values():
+        batch = (group.update.model_extra or {}).get("batch") if group.update else None
+        rows = batch.get("max_rows") if isinstance(batch, dict) else None
+        if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1:
+            artifacts = batch.get("artifacts")
+            where = ", ".join(map(str, artifacts.values())) if isinstance(artifacts, dict) \
+                else "no artifact named"
+            return f"up to {rows} rows ({where})"
+    return "1 only"
 
 
 def _summarize_speculative(doc: Document) -> dict[str, Any] | None:

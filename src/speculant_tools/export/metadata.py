@@ -304,6 +304,22 @@ def static_cache_form(document: dict[str, Any], config: LlamaConfig) -> dict[str
     return document
 
 
+BATCH = "batch"  # speculant's extension of the indexed_scatter update (docs/design/batching.md)
+
+
+def batched_form(document: dict[str, Any], component: str, max_rows: int) -> dict[str, Any]:
+    """The static-cache ``document`` declaring that ``component`` can run a batched pass of
+    up to ``max_rows`` rows: ``update.batch`` of the group names the batched graph's artifact
+    (``{component}/batched.onnx``; the static ports plus ``block_lengths`` [batch] int64) and
+    its row-width port. The component's own artifact stays the batch-1 graph. Modified in
+    place and returned."""
+    group = document["pipeline"]["workflow"]["serving"]["state_service"]["groups"][GROUP]
+    group["update"][BATCH] = {"max_rows": max_rows,
+                              "artifacts": {component: f"{component}/batched.onnx"},
+                              "block_lengths_ports": {component: "block_lengths"}}
+    return document
+
+
 def cache_form(document: dict[str, Any]) -> str:
     """``static`` for a document in :func:`static_cache_form`, else ``appended``."""
     groups = document["pipeline"]["workflow"]["serving"]["state_service"]["groups"]

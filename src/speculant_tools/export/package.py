@@ -35,6 +35,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
+from speculant_tools.export.batched import batchable, batched_target_graph
 from speculant_tools.export.config import (
     EMBEDDING,
     ExportError,
@@ -56,6 +57,7 @@ from speculant_tools.export.graphs import (
 )
 from speculant_tools.export.metadata import (
     TokenizerFacts,
+    batched_form,
     cache_form,
     decoder_metadata,
     pair_metadata,
@@ -74,7 +76,7 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
                        max_proposal_width: int = 8, eos_id: int | None = None,
                        rollback_positions: int | None = None,
                        external_data: bool | None = None, graph: str = "auto",
-                       cache: str = "appended") -> Path:
+                       cache: str = "appended", batch: int | None = None) -> Path:
     """The chained pair: ``target/model.onnx``, ``assistant/model.onnx``,
     ``inference_metadata.yaml`` (the standard's chained-pair example), ``tokenizer.json``.
 
@@ -85,10 +87,13 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     ``sqrt(hidden_size)``; ``rollback_positions`` to ``max(8, max_proposal_width)``;
     ``eos_id`` to the tokenizer's one special EOS token; ``graph`` picks the target's graph
     (export/fused.py: ``auto``, ``fused``, ``explicit``); ``cache`` its caches' form
-    (``appended`` or ``static``; the drafter's borrowed caches follow).
+    (``appended`` or ``static``; the drafter's borrowed caches follow); ``batch`` (static
+    only): also write ``target/batched.onnx``, the batched pass of up to ``batch`` rows
+    (docs/design/batching.md).
     """
     config = LlamaConfig.from_hf(target_config)
     dtype, cache = check_dtype(dtype), check_cache(cache)
+    check_batch(batch, cache, config)
     target = checked_weights(target_weights, target_shapes(config), dtype, "target weights")
     drafter = checked_weights(drafter_weights, drafter_shapes(config), dtype, "drafter weights")
     scale = math.sqrt(config.hidden_size) if scale is None else float(scale)
@@ -106,6 +111,10 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
                              max_proposal_width=max_proposal_width, rollback_positions=rollback)
     if cache == "static":
         document = static_cache_form(document, config)
+    if batch is not None:
+        write_graph(batched_target_graph(config, target, dtype),
+                    root / "target" / "batched.onnx", external_data)
+        document = batched_form(document, "target", batch)
     write_metadata(document, root, _header("Chained Llama pair", config, dtype))
     _copy_tokenizer(tokenizer_json_path, root)
     return root
@@ -116,11 +125,13 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
                           eos_id: int | None = None,
                           rollback_positions: int = DEFAULT_ROLLBACK,
                           external_data: bool | None = None, graph: str = "auto",
-                          cache: str = "appended") -> Path:
+                          cache: str = "appended", batch: int | None = None) -> Path:
     """A plain greedy decoder package (the standard's example; component ``decoder``) for a
-    ``LlamaForCausalLM``: the separate draft model. ``cache``: ``appended`` or ``static``."""
+    ``LlamaForCausalLM``: the separate draft model. ``cache``: ``appended`` or ``static``;
+    ``batch``: as :func:`write_pair_package`'s (``decoder/batched.onnx``)."""
     config = LlamaConfig.from_hf(config)
     dtype, cache = check_dtype(dtype), check_cache(cache)
+    check_batch(batch, cache, config)
     arrays = checked_weights(weights, target_shapes(config), dtype, "decoder weights")
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
@@ -131,6 +142,10 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
                                 rollback_positions=_rollback(rollback_positions, 1))
     if cache == "static":
         document = static_cache_form(document, config)
+    if batch is not None:
+        write_graph(batched_target_graph(config, arrays, dtype, name="decoder"),
+                    root / "decoder" / "batched.onnx", external_data)
+        document = batched_form(document, "decoder", batch)
     write_metadata(document, root, _header("Llama greedy decoder", config, dtype))
     _copy_tokenizer(tokenizer_json_path, root)
     return root
@@ -148,6 +163,22 @@ def check_cache(cache: str) -> str:
         raise ExportError(f"cache must be one of {CACHES}", path="cache", value=cache,
                           remedy="--cache appended (the default) or --cache static")
     return cache
+
+
+def check_batch(batch: int | None, cache: str, config: LlamaConfig) -> None:
+    """``batch`` None, or a row count ≥ 1 for a static package of a batchable target."""
+    if batch is None:
+        return
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ExportError("batch must be a number of rows >= 1", path="batch", value=batch,
+                          remedy="leave batch unset for a batch-1 package")
+    if cache != "static":
+        raise ExportError("a batched pass needs the static cache form", path="cache",
+                          value=cache, remedy="--cache static")
+    if not batchable(config):
+        raise ExportError("the batched pass has no sliding-window attention",
+                          path="config.sliding_window", value=config.sliding_window,
+                          remedy="leave batch unset for a batch-1 package")
 
 
 def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> Path:
