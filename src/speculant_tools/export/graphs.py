@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from speculant_tools.export.config import EMBEDDING, LM_HEAD, VARIATIONS, LlamaConfig
 from speculant_tools.export.rope import rope_tables
@@ -116,10 +116,6 @@ class _Graph(GraphBuilder, Variations):
     def transposed(self, weight: str) -> str:
         """``weight.T`` (folded once when ONNX Runtime creates the session)."""
         return self.op("Transpose", [weight], "wt", perm=[1, 0])
-
-    def weight(self, name: str, array: np.ndarray) -> str:
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
-        return name
 
     def linear(self, x: str, weight: str) -> str:
         """``x @ weight.T`` for an HF weight ``[out, in]``."""
@@ -299,7 +295,8 @@ class _Graph(GraphBuilder, Variations):
         return self.op("ScatterElements", [buffer, indices, block], "written", axis=2)
 
     def finish(self, role: str) -> onnx.ModelProto:
-        inline = sum(len(t.raw_data) for t in self.initializers) <= INLINE_LIMIT
+        inline = (not self.has_weights_apart  # checked by path once written
+                  and sum(len(t.raw_data) for t in self.initializers) <= INLINE_LIMIT)
         model = self.model(check=False)
         if any(node.op_type in ONNX_24_OPERATORS and not node.domain for node in self.nodes):
             model.opset_import[0].version = 24  # Attention's nonpad_kv_seqlen

@@ -63,6 +63,12 @@ from speculant_tools.export.metadata import (
     pair_metadata,
     static_cache_form,
 )
+from speculant_tools.onnx_build import (
+    fill_inline,
+    is_apart,
+    weights_apart,
+    write_with_external_data,
+)
 from speculant_tools.writing import write_metadata, write_model
 
 DEFAULT_ROLLBACK = 8
@@ -102,17 +108,18 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     rollback = _rollback(rollback_positions, max_proposal_width)
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_graph(target_builder(config, dtype, graph)(config, target, dtype, cache=cache),
+    build_graph(lambda: target_builder(config, dtype, graph)(config, target, dtype,
+                                                             cache=cache),
                 root / "target" / "model.onnx", external_data)
-    write_graph(drafter_graph(config, drafter, target[EMBEDDING], dtype,
-                              fused_norms=use_fused(config, dtype, graph), cache=cache),
+    build_graph(lambda: drafter_graph(config, drafter, target[EMBEDDING], dtype,
+                                      fused_norms=use_fused(config, dtype, graph), cache=cache),
                 root / "assistant" / "model.onnx", external_data)
     document = pair_metadata(config, dtype, facts, scale=scale,
                              max_proposal_width=max_proposal_width, rollback_positions=rollback)
     if cache == "static":
         document = static_cache_form(document, config)
     if batch is not None:
-        write_graph(batched_target_graph(config, target, dtype),
+        build_graph(lambda: batched_target_graph(config, target, dtype),
                     root / "target" / "batched.onnx", external_data)
         document = batched_form(document, "target", batch)
     write_metadata(document, root, _header("Chained Llama pair", config, dtype))
@@ -135,15 +142,15 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
     arrays = checked_weights(weights, target_shapes(config), dtype, "decoder weights")
     root = Path(root)
     facts = tokenizer_facts(tokenizer_json_path, eos_id)
-    write_graph(target_builder(config, dtype, graph)(config, arrays, dtype, name="decoder",
-                                                     cache=cache),
+    build_graph(lambda: target_builder(config, dtype, graph)(config, arrays, dtype,
+                                                             name="decoder", cache=cache),
                 root / "decoder" / "model.onnx", external_data)
     document = decoder_metadata(config, dtype, facts,
                                 rollback_positions=_rollback(rollback_positions, 1))
     if cache == "static":
         document = static_cache_form(document, config)
     if batch is not None:
-        write_graph(batched_target_graph(config, arrays, dtype, name="decoder"),
+        build_graph(lambda: batched_target_graph(config, arrays, dtype, name="decoder"),
                     root / "decoder" / "batched.onnx", external_data)
         document = batched_form(document, "decoder", batch)
     write_metadata(document, root, _header("Llama greedy decoder", config, dtype))
@@ -181,24 +188,41 @@ def check_batch(batch: int | None, cache: str, config: LlamaConfig) -> None:
                           remedy="leave batch unset for a batch-1 package")
 
 
-def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> Path:
-    """Write ``model`` to ``path``: inline, or with every initializer above 1 KiB in
-    ``<name>.data`` beside it (see the module's note on ``external_data``). A graph written
-    with external data is checked by path (``onnx.checker``, full check)."""
-    size = initializer_bytes(model)
+def build_graph(build: Callable[[], onnx.ModelProto], path: Path,
+                external_data: bool | None = None) -> Path:
+    """:func:`write_graph` of the model ``build`` returns, its weights built apart
+    (``onnx_build.weights_apart``): with external data they go from their arrays straight to
+    ``<name>.data`` and never into protobuf, so the import holds them once, not twice."""
+    with weights_apart() as arrays:
+        model = build()
+    return write_graph(model, path, external_data, arrays)
+
+
+def write_graph(model: onnx.ModelProto, path: Path, external_data: bool | None = None,
+                arrays: Mapping[str, np.ndarray] | None = None) -> Path:
+    """Write ``model`` to ``path``: inline, or with every initializer of 1 KiB and more in
+    ``<name>.data`` beside it, at offsets aligned to 4 KiB (see the module's note on
+    ``external_data``). ``arrays``: the weights built apart (``onnx_build.weights_apart``),
+    which the model holds as placeholders. A graph written with external data is checked by
+    path, one built apart and written inline in memory (``onnx.checker``, full check; a
+    graph with ONNX Runtime's contrib operators by neither)."""
+    arrays = arrays or {}
+    apart = [arrays[t.name] for t in model.graph.initializer if is_apart(t, arrays)]
+    size = initializer_bytes(model) + sum(array.nbytes for array in apart)
     external = size > INLINE_LIMIT if external_data is None else bool(external_data)
     data = path.with_name(path.name + ".data")
     path.parent.mkdir(parents=True, exist_ok=True)
-    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    data.unlink(missing_ok=True)  # a stale one from an earlier external write
     if not external:
         if size >= 1 << 31:
             raise ExportError(f"{path.name}: {size} bytes of weights do not fit in one "
                               "protobuf (2 GiB)", file=str(path),
                               remedy="write it with external_data=True (or None)")
+        fill_inline(model, arrays)
+        if apart and not uses_ort_operators(model):  # built apart: unchecked until now
+            onnx.checker.check_model(model, full_check=True)
         return write_model(model, path)
-    onnx.save_model(model, str(path), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location=data.name, size_threshold=1024,
-                    convert_attribute=False)
+    write_with_external_data(model, path, arrays)
     if not uses_ort_operators(model):  # the ONNX checker knows no ONNX Runtime contrib op
         onnx.checker.check_model(str(path), full_check=True)
     return path
