@@ -3,7 +3,7 @@ resident once loaded. Each figure comes from a fresh Python process (``/proc/sel
 VmHWM is the peak resident set, VmRSS the current one), so nothing one phase left in memory
 counts toward the next.
 
-    uv run --extra cpu python scripts/footprint.py [--cache DIR] [--keep]
+    uv run --extra cpu python scripts/footprint.py [--cache DIR] [--keep] [--import-only]
 
 Phases, each its own process:
 
@@ -69,10 +69,16 @@ def main() -> None:
                         "temporary folder, removed afterwards unless --keep)")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--starts", type=int, default=3)
+    parser.add_argument("--import-only", action="store_true",
+                        help="measure the import's peak only (no start phases)")
     args = parser.parse_args()
     cache = args.cache or Path(tempfile.mkdtemp(prefix="speculant-footprint-"))
     try:
         built = run_phase("import", cache)
+        if args.import_only:
+            print(json.dumps({"import_seconds": round(built["seconds"], 1),
+                              "import_peak_MiB": round(built["VmHWM"] / (1 << 20))}, indent=1))
+            return
         starts = [run_phase("start", cache) for _ in range(args.starts)]
         weights = stored_weights(Path(built["folder"]))
         mib = 1 << 20
