@@ -93,8 +93,10 @@ def test_sampled_equals_cpu_and_reads_back_only_ids(engines, proposer, k, accept
             verified = stats.drafts_proposed + stats.rounds + stats.greedy_steps  # rows
             per_pass = 4 * verified if acceptance == "gumbel" else \
                 8 * (stats.rounds + stats.greedy_steps)
+            # the first token, the prefill row's finiteness check (its argmax id, once a
+            # request: workflow/state.py record_prefill) and each sampled draft: one id each
             assert after["device_readback_bytes"] - before["device_readback_bytes"] == \
-                4 * (1 + draft_draws(stats)) + per_pass
+                4 * (2 + draft_draws(stats)) + per_pass
 
 
 @pytest.mark.parametrize("k", (1, 2, 4, 8, "auto"))
