@@ -183,14 +183,14 @@ class Constraint:
                 raise self._broken("rolling back a proposal's drafts")
 
     def advance(self, draft: int) -> bool:
-        """Consume ``draft`` (within :meth:`drafting`): False where the grammar refuses it
-        (the matcher unmoved) or can take no token after it (no further draft)."""
+        """Consume ``draft`` (within :meth:`drafting`); False where the grammar refuses it
+        (the matcher unmoved)."""
         if self.is_finished or self.num_valid([draft]) != 1:
             return False  # (llguidance's matcher errs for good on consuming a refused id)
         if not self.matcher.consume_token(int(draft)):
             raise self._broken(f"consuming draft {draft}")
         self._num_drafted += 1
-        return not self.is_finished
+        return True
 
     def _allowed(self) -> np.ndarray:
         """[V] bool: the ids the grammar allows next."""
