@@ -245,7 +245,8 @@ class ChainedProposer:
         steps = self._planned(state, cells, last, carry_0)
         plans: dict[int, PassPlan] = {}  # id -> plan: the step plans are shared by widths
         for k in widths:
-            unrolled = self._unrolled(k + 1) if state.sampler is None else None
+            unrolled = self._unrolled(k + 1) if state.sampler is None and \
+                state.constraint is None else None  # as _propose_planned runs it
             for plan in [steps.chain_plan(k + 1, unrolled)] if unrolled is not None else \
                     [steps.plan(j) for j in range(k + 1)]:
                 plans[id(plan)] = plan
