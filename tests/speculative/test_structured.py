@@ -40,7 +40,8 @@ def demo() -> speculant.Engine:
 
 @pytest.fixture(scope="module")
 def demo_static(tmp_path_factory) -> speculant.Engine:
-    """The demo pair with static caches: greedy chained drafts stay where they were made."""
+    """The demo pair with static caches: greedy chained drafts stay where they were made,
+    except under a grammar (chosen on the host)."""
     from speculant_tools.export import convert
 
     return speculant.load(convert(DEMO, tmp_path_factory.mktemp("demo") / "static", "float32",
@@ -67,7 +68,7 @@ def test_speculative_constrained_output_is_plain_constrained_output(demo, prompt
         assert speculative.stats.mean_accepted_length > 1
 
 
-def test_static_caches_read_in_place_drafts_under_a_grammar(demo_static):
+def test_static_caches_under_a_grammar_give_plain_constrained_output(demo_static):
     plain = constrained(demo_static, PROMPTS[0])
     speculative = constrained(demo_static, PROMPTS[0], proposer="chained", k=4)
     assert speculative.token_ids == plain.token_ids
@@ -133,3 +134,57 @@ def test_without_llguidance_a_grammar_names_the_extra(demo, monkeypatch):
     with pytest.raises(RequestError) as refused:
         demo.generate("x", GenerationOptions(max_new_tokens=4, grammar=Grammar.json_schema()))
     assert "speculant[structured]" in str(refused.value)
+
+
+def spy_on_proposals(monkeypatch, proposer_class) -> list[tuple[list[int], list[int], int]]:
+    """Each proposal under a grammar as (the grammar's forced tokens before it, its drafts,
+    how many of them the grammar allows in turn), recorded as it is made."""
+    made = []
+    propose = proposer_class.propose
+
+    def recorded(self, state, k):
+        forced = state.constraint.forced_tokens(k)
+        proposal = propose(self, state, k)
+        assert proposal.drafts is None  # drafts under a grammar are read on the host
+        made.append((forced, proposal.tokens, state.constraint.num_valid(proposal.tokens)))
+        return proposal
+
+    monkeypatch.setattr(proposer_class, "propose", recorded)
+    return made
+
+
+@pytest.mark.parametrize("engine, proposer", [("demo", "prompt_lookup"), ("demo", "chained"),
+                                              ("demo_static", "chained")])
+def test_drafts_under_a_grammar_are_grammar_valid_and_start_with_its_forced_run(
+        request, monkeypatch, engine, proposer):
+    from speculant.speculative.chained import ChainedProposer
+    from speculant.speculative.prompt_lookup import PromptLookupProposer
+
+    engine = request.getfixturevalue(engine)
+    made = spy_on_proposals(monkeypatch, ChainedProposer if proposer == "chained" else
+                            PromptLookupProposer)
+    plain = constrained(engine, PROMPTS[0])
+    speculative = constrained(engine, PROMPTS[0], proposer=proposer, k=4)
+    assert speculative.token_ids == plain.token_ids
+    assert made and all(num_valid == len(drafts) for _, drafts, num_valid in made)
+    assert all(drafts[:len(forced)] == forced for forced, drafts, _ in made)
+    assert any(len(forced) >= 2 for forced, _, _ in made)  # a forced run, drafted in full
+
+
+def test_a_forced_draft_is_the_only_id_its_row_allows(demo):
+    """The invariant that makes a forced draft certain: where the grammar allows one id, the
+    target's masked row has every other id at -inf."""
+    from speculant.workflow.constraint import compile_constraint
+
+    constraint = compile_constraint(Grammar.json_schema(SCHEMA), demo.package.tokenizer_file,
+                                    [0], demo.vocab_size)
+    constraint.commit(demo.tokenizer.encode("{", add_special_tokens=False)[0])
+    forced = constraint.forced_tokens(8)
+    assert len(forced) >= 2
+    scores = Value.host(np.random.default_rng(1).standard_normal(
+        (1, len(forced) + 1, demo.vocab_size)).astype(np.float32))
+    masked = constraint.mask_rows(make_seam("cpu"), scores, forced).data[0]
+    for row, token in zip(masked, forced, strict=False):
+        if np.isfinite(row).sum() == 1:
+            assert int(np.argmax(row)) == token
+    assert np.isfinite(masked[0]).sum() == 1  # the first is forced outright

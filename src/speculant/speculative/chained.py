@@ -9,6 +9,7 @@ to the host.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 
 import numpy as np
@@ -118,7 +119,8 @@ class ChainedProposer:
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         """Run ``k + 1`` drafter steps (bootstrap included) and return ``k`` drafts: each
-        the argmax of its step's row, or under sampling a draw from ``q_j = T(row)``,
+        the argmax of its step's row, or under sampling a draw from ``q_j = T(row)``
+        (under a grammar, the row masked by it: ``_read_drafts``),
         returned with the ``q_j`` (the bootstrap step draws nothing). A subset vocabulary
         (``speculative.vocabulary: subset``) gives ``q_j`` over its ``V_q`` ids, each id
         used unchanged as the target's; the verifier reads ``q_j = 0`` beyond them. A step is
@@ -148,23 +150,18 @@ class ChainedProposer:
         """Appended caches: every step through ``invoke``, its draft read back."""
         seam, chain = self.seam, self.chain
         fixed = {**self._fixed_bindings(state), TABLE: self.table}
-        token = seam.zeros((1,), "int32", self.residency)  # [1] int32, per proposal
-        drafts: list[int] = []
-        probs: list[Value] = []  # q_j = T(step j's row) under rejection sampling
-        for j in range(k + 1):
-            seam.write_ints(token, [last])
-            out = self.session.invoke({**fixed, TOKEN: token, CARRY: carry},
+        token_ids = seam.zeros((1,), "int32", self.residency)  # [1] int32, per proposal
+
+        def run_step(j: int, token: int) -> dict[str, Value]:
+            nonlocal carry
+            seam.write_ints(token_ids, [token])
+            out = self.session.invoke({**fixed, TOKEN: token_ids, CARRY: carry},
                                       [chain.logits_output, chain.carry_output])
             if j < k:
                 carry = self._step_carry(out[chain.carry_output])
-            if j == 0:
-                last = state.pending  # bootstrap: its prediction is p, already known
-                continue
-            last, q = self._choose(state, out, state.consumed + j)  # 4 bytes read back
-            drafts.append(last)
-            if q is not None:
-                probs.append(q)
-        return Proposal(drafts, probs or None, num_invocations=k + 1, num_scored_rows=k)
+            return out
+
+        return self._read_drafts(state, k, last, run_step)
 
     def _planned(self, state: DecodeState, cells: StaticCells, last: int,
                  carry_0: Value) -> ChainSteps:
@@ -184,26 +181,58 @@ class ChainedProposer:
         return steps
 
     def _propose_planned(self, state: DecodeState, steps: ChainSteps, k: int) -> Proposal:
-        """The drafts of the step plans (one run where the chain runs unrolled)."""
-        seam = self.seam
-        unrolled = self._unrolled(k + 1) if state.sampler is None else None
-        if unrolled is not None:  # the whole proposal, one run
-            steps.chain_plan(k + 1, unrolled).run()
+        """The drafts of the step plans (one run where the chain runs unrolled); read back
+        step by step under sampling or a grammar, each draft written where the next step
+        reads its token."""
+        if state.sampler is None and state.constraint is None:
+            unrolled = self._unrolled(k + 1)
+            if unrolled is not None:  # the whole proposal, one run
+                steps.chain_plan(k + 1, unrolled).run()
+            else:  # step j's argmax is step j + 1's token, where it was made
+                for j in range(k + 1):
+                    steps.plan(j).run()
             return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
+
+        def run_step(j: int, token: int) -> dict[str, Value]:
+            if j >= 2:  # ids[0 : 2] (s, p) are written
+                self.seam.write_ints(steps.ids, [token], j)
+            return steps.plan(j).run()
+
+        return self._read_drafts(state, k, state.pending, run_step)
+
+    def _read_drafts(self, state: DecodeState, k: int, last: int,
+                     run_step: Callable[[int, int], dict[str, Value]]) -> Proposal:
+        """Run steps ``0 … k`` (``run_step(j, token)``: step ``j`` fed ``token``), each
+        step's draft read back: its argmax or draw (``_choose``). Under a grammar
+        (workflow/constraint.py) the drafts start with the tokens it forces, each later one
+        is chosen from the step's row masked by the grammar advanced along the drafts before
+        it, and drafting ends where the grammar can take no more."""
+        constraint = state.constraint
         drafts: list[int] = []
-        probs: list[Value] = []
-        for j in range(k + 1):
-            out = steps.plan(j).run()
-            if j == 0 or state.sampler is None:
-                continue  # greedy: step j's argmax is step j + 1's token, where it was made
-            draft, q = self._choose(state, out, state.consumed + j)
-            seam.write_ints(steps.ids, [draft], j + 1)  # the draw feeds step j + 1
-            drafts.append(draft)
-            if q is not None:
-                probs.append(q)
-        if state.sampler is None:
-            return Proposal(num_invocations=k + 1, num_scored_rows=k, drafts=steps.drafts(k))
-        return Proposal(drafts, probs or None, num_invocations=k + 1, num_scored_rows=k)
+        probs: list[Value] = []  # q_j = T(step j's row) under rejection sampling
+        num_scored = 0
+        with constraint.drafting() if constraint is not None else nullcontext():
+            forced = constraint.forced_tokens(k) if constraint is not None and (
+                state.sampler is None or state.sampler.is_keyed) else []  # no q to return
+            for j in range(k + 1):
+                out = run_step(j, last)
+                if j == 0:
+                    last = state.pending  # bootstrap: its prediction is p, already known
+                    continue
+                if j <= len(forced):
+                    last, q = forced[j - 1], None
+                else:
+                    last, q = self._choose(state, out, state.consumed + j)  # 4 bytes read
+                    num_scored += 1
+                if constraint is not None and not constraint.advance(last):
+                    break
+                drafts.append(last)
+                if q is not None:
+                    probs.append(q)
+                if constraint is not None and constraint.is_finished:
+                    break
+        return Proposal(drafts, probs or None, num_invocations=j + 1,
+                        num_scored_rows=num_scored)
 
     def capture_widths(self, state: DecodeState, widths: list[int]) -> None:
         """Static caches: every plan a proposal of each of ``widths`` drafts runs, run until
@@ -216,7 +245,8 @@ class ChainedProposer:
         steps = self._planned(state, cells, last, carry_0)
         plans: dict[int, PassPlan] = {}  # id -> plan: the step plans are shared by widths
         for k in widths:
-            unrolled = self._unrolled(k + 1) if state.sampler is None else None
+            unrolled = self._unrolled(k + 1) if state.sampler is None and \
+                state.constraint is None else None  # as _propose_planned runs it
             for plan in [steps.chain_plan(k + 1, unrolled)] if unrolled is not None else \
                     [steps.plan(j) for j in range(k + 1)]:
                 plans[id(plan)] = plan
@@ -304,7 +334,8 @@ class ChainedProposer:
         the argmax, or a draw from T(row) (sampler.choose)."""
         logits = out[self.chain.logits_output]  # [1, 1, V] draft scores
         return choose(self.seam, state.sampler,
-                      self.seam.last_along_axis(logits, logits.rank - 2), position)
+                      self.seam.last_along_axis(logits, logits.rank - 2), position,
+                      state.constraint)
 
     def _carry_0(self, pass_result: PassResult, num_kept: int) -> Value:
         """Row ``num_kept − 1`` of the latest pass's seed output, in the chain residency."""

@@ -24,9 +24,11 @@ class NgramIndex:
         self.latest: dict[int, dict[tuple[int, ...], int]] = {}  # n -> n-gram -> start
         self.length = 0  # the stream length indexed for
 
-    def drafts(self, stream: Sequence[int], k: int) -> list[int]:
+    def drafts(self, stream: Sequence[int], k: int, after: Sequence[int] = ()) -> list[int]:
         """Up to ``k`` tokens that followed the most recent earlier occurrence of the
         stream's last ``n`` tokens, trying ``n = n_max … n_min``; ``[]`` when none recurs.
+        ``after``: tokens taken to follow the stream (drafted already), ended by the n-gram
+        looked up; only the stream itself is indexed.
 
         The final n-gram itself (ending at the last token) is excluded, so an occurrence
         starts at most at ``len(stream) − n − 1`` and at least one token follows it;
@@ -42,8 +44,9 @@ class NgramIndex:
         self.length = length
         if k < 1:
             return []
-        for n in range(min(self.n_max, length - 1), self.n_min - 1, -1):
-            start = self.latest[n].get(tuple(stream[length - n:]))
+        tail = [*stream[max(length - self.n_max, 0):], *after][-self.n_max:]
+        for n in range(min(self.n_max, length + len(after) - 1), self.n_min - 1, -1):
+            start = self.latest[n].get(tuple(tail[len(tail) - n:]))
             if start is not None:  # the tokens after the most recent occurrence
                 return [int(t) for t in stream[start + n:start + n + k]]
         return []
@@ -61,4 +64,11 @@ class PromptLookupProposer:
         self.index = NgramIndex(n_min, n_max)
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
-        return Proposal(self.index.drafts(state.tokens, k))
+        """Under a grammar: the tokens it forces, then the n-gram drafts after them, cut at
+        the first the grammar refuses (workflow/constraint.py)."""
+        constraint = state.constraint
+        if constraint is None:
+            return Proposal(self.index.drafts(state.tokens, k))
+        forced = constraint.forced_tokens(k)
+        drafts = forced + self.index.drafts(state.tokens, k - len(forced), after=forced)
+        return Proposal(drafts[:constraint.num_valid(drafts)])

@@ -25,7 +25,7 @@ from speculant.speculative.proposal import (
 )
 from speculant.speculative.verify import verify, verify_in_place
 from speculant.speculative.width import FixedWidth, WidthPolicy
-from speculant.tensors import HOST, Value
+from speculant.tensors import Value
 from speculant.workflow.state import DecodeState, RoundResult
 from speculant.workflow.target_pass import UNREAD, TargetPass
 
@@ -59,13 +59,12 @@ def launch_host_round(state: DecodeState, target: TargetPass, proposer: Proposer
     def read() -> RoundResult:
         # 3. Accept (the target's argmax or keyed draw per row, or rejection sampling):
         #    block[1..a) are accepted drafts, then the correction (a <= k) or the bonus.
-        if proposal.drafts is None or state.constraint is not None:
-            read = block if proposal.drafts is None else [  # drafts under a grammar: read
-                block[0], *map(int, state.seam.adopt(proposal.drafts, HOST).data)]
-            num_accepted, token = verify(state.seam, state.sampler, read, verify_pass.logits,
+        if proposal.drafts is None:  # drafts on the host (always under a grammar)
+            num_accepted, token = verify(state.seam, state.sampler, block, verify_pass.logits,
                                          proposal.probs, state.consumed, state.constraint)
-            return _result(proposal, num_accepted, [*read[1:num_accepted], token],
-                           replace(verify_pass, tokens=tuple(read)))
+            return _result(proposal, num_accepted, [*block[1:num_accepted], token],
+                           replace(verify_pass, tokens=tuple(block)))
+        assert state.constraint is None  # a grammar's drafts are chosen on the host
         num_accepted, committed = verify_in_place(state.seam, proposal.drafts,
                                                   verify_pass.logits)  # a and ids read back
         tokens = (block[0], *committed[:-1], *verify_pass.tokens[num_accepted:])

@@ -12,13 +12,21 @@ commits, so it moves back exactly as the caches do. Every committed token is the
 masked choice, with or without drafts: constrained speculative output is constrained plain
 output, token for token. When the grammar can take no more tokens the decode stops
 (``stop_reason`` "grammar").
+
+Proposers draft under the same matcher (``drafting``): a proposal's drafts start with the
+tokens the grammar forces (llguidance's fast-forward tokens), each later draft is one the
+grammar allows after the drafts before it, and the matcher is rolled back when the proposal
+is made. Where the grammar allows exactly one id, every other id of the target's masked row
+is -inf, so its masked argmax (or any draw from it) is that id: a forced draft is accepted
+whenever the round reaches it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +126,7 @@ class Constraint:
         self.matcher = matcher
         self.vocab_width = vocab_width  # V: the target's score rows
         self._bitmask = np.zeros((1, (max(num_ids, vocab_width) + 31) // 32), np.int32)
+        self._num_drafted = 0  # drafts consumed within `drafting`, rolled back on leaving it
 
     @property
     def is_finished(self) -> bool:
@@ -146,6 +155,42 @@ class Constraint:
         """Advance by a committed token (always one the mask allowed)."""
         if not self.matcher.consume_token(int(token)):
             raise self._broken(f"committing token {token}")
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next (llguidance's fast-forward tokens:
+        the canonical tokenization of the bytes every continuation starts with), by the
+        matcher's state; each is one the grammar allows after those before it."""
+        if limit < 1 or self.is_finished:
+            return []
+        return [int(t) for t in self.matcher.compute_ff_tokens()[:limit]]
+
+    def num_valid(self, drafts: Sequence[int]) -> int:
+        """How many of ``drafts``, from the first, the grammar allows in turn (by the
+        matcher's state; it is left as it was)."""
+        return int(self.matcher.validate_tokens([int(t) for t in drafts])) if drafts else 0
+
+    @contextmanager
+    def drafting(self) -> Iterator[Constraint]:
+        """Within it, :meth:`advance` moves the matcher along one proposal's drafts (so
+        :meth:`mask_rows` masks by the state after them); leaving it rolls them back, to
+        the committed tokens."""
+        self._num_drafted = 0
+        try:
+            yield self
+        finally:
+            num_drafted, self._num_drafted = self._num_drafted, 0
+            if num_drafted and not self.matcher.rollback(num_drafted):
+                raise self._broken("rolling back a proposal's drafts")
+
+    def advance(self, draft: int) -> bool:
+        """Consume ``draft`` (within :meth:`drafting`); False where the grammar refuses it
+        (the matcher unmoved)."""
+        if self.is_finished or self.num_valid([draft]) != 1:
+            return False  # (llguidance's matcher errs for good on consuming a refused id)
+        if not self.matcher.consume_token(int(draft)):
+            raise self._broken(f"consuming draft {draft}")
+        self._num_drafted += 1
+        return True
 
     def _allowed(self) -> np.ndarray:
         """[V] bool: the ids the grammar allows next."""
