@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 import speculant_tools.importers.gguf_header as gguf_header
 from speculant.cli import full_app
 from speculant_tools.importers import ImporterError, import_model, read_checkpoint
-from speculant_tools.importers.gguf_file import MIN_POSITIONS
+from speculant_tools.importers.checkpoint import MIN_POSITIONS
 
 NUM_FUZZED = 300
 FUZZ_SEED = 38

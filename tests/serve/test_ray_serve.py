@@ -85,3 +85,35 @@ def test_two_replicas_answer_the_openai_routes(ray_url, engine):
     assert texts == [engine.generate(p, GenerationOptions(max_new_tokens=10)).text
                      for p in prompts]
     print("8 concurrent completions through the proxy: all equal to engine.generate")
+
+
+def _replica(application):
+    """The replica ``application`` deploys, built here as Ray builds it on a replica (its
+    bound arguments, then ``__serve_build_asgi_app__``), without a Ray cluster."""
+    wrapper = application._bound_deployment.func_or_class  # serve.ingress's subclass
+    replica_class = next(c for c in wrapper.__mro__ if "__serve_build_asgi_app__" in vars(c))
+    replica = replica_class(*application._bound_deployment.init_args,
+                            **application._bound_deployment.init_kwargs)
+    return replica, replica.__serve_build_asgi_app__()
+
+
+def test_the_limits_reach_each_replicas_app_and_engine(chat_package):
+    from speculant.serve.limits import ServerLimits
+    from speculant.serve.ray_app import app_builder
+    from speculant.text.chat import TemplateLimits
+
+    limits = ServerLimits(request_timeout_s=7.0, max_waiting=3, max_tokens=5,
+                          max_body_bytes=4096)
+    template_limits = TemplateLimits(deadline_s=0.5, max_output_chars=999)
+    replica, app = _replica(build(str(chat_package), model_name=MODEL, limits=limits,
+                                  template_limits=template_limits))
+    assert app.state.service.limits == limits
+    assert replica.engine.chat_template.limits == template_limits
+
+    replica, app = _replica(app_builder({"package": str(chat_package), "max_waiting": "3",
+                                         "request_timeout_s": "7", "max_tokens": "5",
+                                         "chat_template_deadline": "0.5",
+                                         "chat_template_max_chars": "999"}))
+    assert app.state.service.limits == ServerLimits(request_timeout_s=7.0, max_waiting=3,
+                                                    max_tokens=5)
+    assert replica.engine.chat_template.limits == template_limits

@@ -75,20 +75,20 @@ def serve(
         require("serve")
         defaults = cli.options_of(fields)
         name = model_name or _model_name(package)
+        template_limits = TemplateLimits(chat_template_deadline, chat_template_max_chars,
+                                         LIMITS.max_memory_bytes)
         if ray:
             require("ray")
             from speculant.serve.ray_app import run_blocking
 
             run_blocking(package, model_name=name, defaults=defaults, device=device,
                          draft=draft, threads=threads, num_replicas=replicas, host=host, port=port,
-                         address=ray_address)
+                         address=ray_address, limits=limits, template_limits=template_limits)
             return
         import uvicorn
 
         from speculant.serve.app import create_app
 
-        template_limits = TemplateLimits(chat_template_deadline, chat_template_max_chars,
-                                         LIMITS.max_memory_bytes)
         engine = load_engine(package, device=device, draft=draft, threads=threads,
                              template_limits=template_limits)
         app = create_app(engine, name, defaults, limits=limits)

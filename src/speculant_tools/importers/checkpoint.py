@@ -27,6 +27,7 @@ from speculant_tools.export import LlamaConfig, write_decoder_package, write_pai
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 QUANTIZATIONS = (None, "int4", "float")
+MIN_POSITIONS = 1 << 15  # a context of up to this many positions is always accepted
 
 # progress(description, completed, total): the importers report each tensor they read
 Progress = Callable[[str, int, int], None]
@@ -34,6 +35,17 @@ Progress = Callable[[str, int, int], None]
 
 class ImporterError(SpeculantError):
     """A source cannot be imported: unreadable, or outside the supported architecture."""
+
+
+def max_positions(config: LlamaConfig, num_weight_values: int) -> int:
+    """The longest context a source holding ``num_weight_values`` weight values may declare
+    (every importer's bound, checked before anything is allocated). The export bakes RoPE
+    tables of ``context x head_dim`` float32 values (and a slot index per position) into each
+    graph: they may be no larger than the weights, or :data:`MIN_POSITIONS` positions,
+    whichever allows more. A real model's tables are a small fraction of its weights
+    (SmolLM2-135M: 0.4 %, Llama 3.1 8B: 0.2 %); 2^25 positions beside 14 KB of weights would
+    be 2 GB."""
+    return max(MIN_POSITIONS, num_weight_values // config.head_dim)
 
 
 @dataclass

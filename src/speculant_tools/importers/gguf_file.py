@@ -29,6 +29,7 @@ from speculant_tools.importers.checkpoint import (
     Checkpoint,
     ImporterError,
     Progress,
+    max_positions,
     tokenizer_config,
 )
 from speculant_tools.importers.families import (
@@ -90,7 +91,6 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 MISSING = object()  # a required key's default
-MIN_POSITIONS = 1 << 15  # context_length is always accepted up to this many positions
 # what gguf's reader raises on a file check_header passed all the same (a bug there or here)
 READER_ERRORS = (OSError, ValueError, IndexError, KeyError, TypeError, OverflowError,
                  MemoryError)
@@ -347,12 +347,9 @@ def _checked_tensors(tensors: list[Any], config: LlamaConfig,
 
 
 def _check_context(config: LlamaConfig, num_weight_values: int, fields: _Fields) -> None:
-    """The export bakes RoPE tables of ``context_length x head_dim`` float32 values (and a
-    slot index per position) into each graph: ``context_length`` may make them no larger
-    than the weights the file holds, or :data:`MIN_POSITIONS` positions, whichever allows
-    more. A real model's tables are a small fraction of its weights (SmolLM2-135M: 0.4 %,
-    Llama 3.1 8B: 0.2 %); 2^25 positions in a 14 KB file would be 2 GB."""
-    limit = max(MIN_POSITIONS, num_weight_values // config.head_dim)
+    """``context_length`` within :func:`~speculant_tools.importers.checkpoint.max_positions`
+    of the weights the file holds."""
+    limit = max_positions(config, num_weight_values)
     key = f"{fields.text('general.architecture')}.context_length"
     if config.max_position_embeddings > limit:
         raise fields.refuse(key, "the context is out of proportion to the "

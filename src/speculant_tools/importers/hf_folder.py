@@ -3,29 +3,35 @@
 ``tokenizer_config.json`` (copied as it is: chat template, BOS, EOS). The families of
 :mod:`~speculant_tools.importers.families` by ``model_type`` (fused weights split there).
 Old checkpoints' saved rotary buffers (``rotary_emb.inv_freq``) are skipped: the graph
-computes RoPE itself."""
+computes RoPE itself. ``config.json``'s sizes are checked against the tensors the safetensors
+headers declare before any tensor is read (:func:`_check_sizes`), so memory stays bounded by
+the weights present whatever the sizes claim."""
 
 from __future__ import annotations
 
 import json
+import math
 import struct
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from speculant_tools.export import ExportError, LlamaConfig
+from speculant_tools.export import ExportError, LlamaConfig, target_shapes
+from speculant_tools.export.config import EMBEDDING, LM_HEAD
 from speculant_tools.importers.checkpoint import (
     Checkpoint,
     ImporterError,
     Progress,
+    max_positions,
     read_tokenizer_config,
 )
 from speculant_tools.importers.families import (
     BY_MODEL_TYPE,
     Family,
     Refusal,
+    fused_shapes,
     hf_config,
     hf_family,
     split_fused,
@@ -33,6 +39,17 @@ from speculant_tools.importers.families import (
 
 FLOAT_TYPES = ("F32", "F16", "BF16")  # safetensors' names
 SKIPPED_SUFFIX = "rotary_emb.inv_freq"  # a buffer older transformers saved with the weights
+SIZES_REMEDY = ("use the config.json saved with these weights (save_pretrained writes both), "
+                "or correct the field to the checkpoint's size")
+
+
+@dataclass(frozen=True)
+class Header:
+    """One tensor as its safetensors file's header declares it (nothing read yet)."""
+
+    file: Path
+    dtype: str  # safetensors' name: F32, BF16, ...
+    shape: tuple[int, ...]
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -73,7 +90,9 @@ def read_hf_folder(folder: str | Path, progress: Progress | None = None) -> Chec
     eos = data.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
-    weights = _safetensors(folder, progress)
+    headers = _headers(folder)
+    _check_sizes(config, family, headers, config_file)
+    weights = _safetensors(headers, progress)
     if family.is_fused:
         weights = split_fused(config, weights)
     return Checkpoint(config=config, weights=weights,
@@ -101,24 +120,91 @@ def _config(data: dict[str, Any], family: Family, file: Path) -> LlamaConfig:
                             ) from None
 
 
-def _safetensors(folder: Path, progress: Progress | None) -> dict[str, np.ndarray]:
+def _headers(folder: Path) -> dict[str, Header]:
+    """Every weight the folder's safetensors files declare, from their headers alone (the
+    safetensors reader refuses a header whose offsets the file's bytes do not back)."""
     try:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
     except ModuleNotFoundError:
         raise ImporterError("reading safetensors needs the safetensors package",
                             file=str(folder), remedy="pip install 'speculant[tools]'") from None
-    files = sorted(folder.glob("*.safetensors"))
+    headers: dict[str, Header] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="numpy") as handle:
+                for name in handle.keys():
+                    if not name.endswith(SKIPPED_SUFFIX):
+                        part = handle.get_slice(name)
+                        headers[name] = Header(path, part.get_dtype(), tuple(part.get_shape()))
+        except (SafetensorError, OSError) as error:
+            raise ImporterError(f"the safetensors reader refuses the file: {error}",
+                                file=str(path), remedy="save the weights again with "
+                                "save_pretrained (or safetensors' save_file)") from None
+    for name, header in headers.items():
+        if header.dtype not in FLOAT_TYPES:
+            raise ImporterError("only floating-point weights are supported",
+                                file=str(header.file), path=name, value=header.dtype,
+                                expected=", ".join(FLOAT_TYPES))
+    return headers
+
+
+def _check_sizes(config: LlamaConfig, family: Family, headers: dict[str, Header],
+                 file: Path) -> None:
+    """``config.json``'s sizes against the tensors present, before a tensor is read:
+    ``num_hidden_layers`` is the number of layers whose tensors the files hold (checked
+    first: the expected shapes are a list as long as the declared layers), ``vocab_size`` and
+    ``hidden_size`` the embedding's shape, every known weight the shape the sizes give, and
+    ``max_position_embeddings`` within :func:`max_positions` of the weights' values."""
+    def refuse(field: str, message: str, value: object, expected: str) -> ImporterError:
+        return ImporterError(message, file=str(file), path=field, value=value,
+                             expected=expected, remedy=SIZES_REMEDY)
+
+    layers = {name.split(".")[2] for name in headers if name.startswith("model.layers.")}
+    if config.num_hidden_layers != len(layers):
+        raise refuse("num_hidden_layers", "the safetensors files hold the tensors of another "
+                     "number of layers", config.num_hidden_layers,
+                     f"{len(layers)} (the layers whose tensors the files hold)")
+    embedding = headers.get(EMBEDDING)
+    if embedding is not None and len(embedding.shape) == 2:
+        for field, size, held in (("vocab_size", config.vocab_size, embedding.shape[0]),
+                                  ("hidden_size", config.hidden_size, embedding.shape[1])):
+            if size != held:
+                raise refuse(field, f"{EMBEDDING} in {embedding.file.name} has another "
+                             f"{field} ([vocab_size, hidden_size] = {list(embedding.shape)})",
+                             size, str(held))
+    shapes = target_shapes(config)
+    if family.is_fused:  # q/k/v and gate/up as the checkpoint holds them
+        shapes = fused_shapes(config, shapes)
+    shapes.setdefault(LM_HEAD, shapes[EMBEDDING])  # tied: an unequal one is refused at export
+    for name, header in sorted(headers.items()):
+        if name in shapes and header.shape != shapes[name]:
+            raise refuse(name, f"the tensor in {header.file.name} disagrees with the sizes "
+                         "config.json declares (hidden_size, intermediate_size, "
+                         "num_attention_heads, num_key_value_heads, head_dim)",
+                         list(header.shape), f"{list(shapes[name])}")
+    num_values = sum(math.prod(header.shape) for header in headers.values())
+    limit = max_positions(config, num_values)
+    if config.max_position_embeddings > limit:
+        raise ImporterError("the context is out of proportion to the weights the "
+                            "safetensors files hold (the export builds position tables of "
+                            "max_position_embeddings x head_dim values)", file=str(file),
+                            path="max_position_embeddings",
+                            value=config.max_position_embeddings, expected=f"at most {limit}",
+                            remedy="set max_position_embeddings in config.json to the model's "
+                                   "real context length")
+
+
+def _safetensors(headers: dict[str, Header], progress: Progress | None
+                 ) -> dict[str, np.ndarray]:
+    """The tensors of ``headers`` as float32 arrays."""
+    from safetensors import safe_open
+
     weights: dict[str, np.ndarray] = {}
-    for path in files:
+    for path in sorted({header.file for header in headers.values()}):
+        names = [name for name, header in headers.items() if header.file == path]
         with safe_open(str(path), framework="numpy") as handle:
-            names = [name for name in handle.keys() if not name.endswith(SKIPPED_SUFFIX)]
             for index, name in enumerate(names):
-                kind = handle.get_slice(name).get_dtype()
-                if kind not in FLOAT_TYPES:
-                    raise ImporterError("only floating-point weights are supported",
-                                        file=str(path), path=name, value=kind,
-                                        expected=", ".join(FLOAT_TYPES))
-                weights[name] = (_bfloat16(path, name) if kind == "BF16"
+                weights[name] = (_bfloat16(path, name) if headers[name].dtype == "BF16"
                                  else np.asarray(handle.get_tensor(name), np.float32))
                 if progress is not None:
                     progress(f"reading {path.name}: {name}", index + 1, len(names))
