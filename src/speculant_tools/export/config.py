@@ -174,7 +174,7 @@ class LlamaConfig:
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise ExportError("config.rope_scaling must be a RopeScaling or None",
                               path="config.rope_scaling", value=scaling)
-        if scaling is not None and scaling.rope_type == "factors" and len(
+        if scaling is not None and scaling.rope_type in ("factors", "longrope") and len(
                 scaling.frequency_factors) != self.head_dim // 2:
             raise ExportError("one RoPE frequency factor per rotated pair",
                               path="config.rope_scaling.frequency_factors",
