@@ -63,7 +63,8 @@ HF_CONFIGS["phi3-longrope"] = {**HF_CONFIGS["phi3"], "original_max_position_embe
                                                 "short_factor": [1.0, 1.5, 2.0, 3.5, 1.2,
                                                                  4.0, 8.0, 2.5],
                                                 "long_factor": [9.0] * 8}}
-GGUF_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "gemma3-linear": "gemma3"}
+GGUF_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "gemma3-linear": "gemma3",
+              "phi3-longrope": "phi3"}
 
 
 def base_family(family: str) -> str:
@@ -189,9 +190,17 @@ def write_gguf_file(path: Path, family: str, extra: dict[str, np.ndarray] | None
     writer.add_rope_freq_base(cfg["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_sliding_window(cfg["sliding_window"])
-    if cfg.get("rope_scaling"):  # linear: what the converter writes
+    rope = cfg.get("rope_scaling") or {}
+    if "factor" in rope:  # linear: what the converter writes
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+        writer.add_rope_scaling_factor(rope["factor"])
+    if "short_factor" in rope:  # longrope: the converter's keys and factor tensors
+        original = cfg["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(np.sqrt(1 + np.log(scale) / np.log(original)))
+        extra = {"rope_factors_long.weight": np.array(rope["long_factor"]),
+                 "rope_factors_short.weight": np.array(rope["short_factor"]), **(extra or {})}
     if cfg.get("attn_logit_softcapping"):
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
     if cfg.get("final_logit_softcapping"):

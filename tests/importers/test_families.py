@@ -65,8 +65,6 @@ def test_the_rope_scaling_matters(family):
 @pytest.mark.parametrize("source, cache, dtype, graph", FORMS)
 @pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_logits_equal_the_numpy_reference(tmp_path, family, source, cache, dtype, graph):
-    if (family, source) == ("phi3-longrope", "gguf"):
-        pytest.skip("a longrope GGUF is refused (test_phi3_longrope_gguf_is_refused_by_tensor)")
     path, cfg = _source(tmp_path, family, source)
     package = import_model(path, tmp_path / "package", dtype=dtype, cache=cache, graph=graph)
     expected = reference_logits(cfg, hf_weights(family), IDS)
@@ -78,7 +76,7 @@ def test_logits_equal_the_numpy_reference(tmp_path, family, source, cache, dtype
                                                                  else 1.0)
 
 
-@pytest.mark.parametrize("family", (*FAMILIES, "gemma3-linear"))
+@pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_hf_and_gguf_read_the_same_model(tmp_path, family):
     """The two sources of one model give one configuration (up to what a GGUF does not
     carry) and the same weights: Gemma's GGUF norms hold 1 + w, imported with offset 0;
@@ -87,8 +85,16 @@ def test_hf_and_gguf_read_the_same_model(tmp_path, family):
     gg = read_checkpoint(write_gguf_file(tmp_path / "m.gguf", family))
     assert hf.config == expected_config(HF_CONFIGS[family])  # the reference's
     offset = hf.config.norm_weight_offset
-    assert gg.config.norm_weight_offset == 0.0 and offset == (1.0 if family != "phi3" else 0.0)
-    assert hf.config.rope_scaling == gg.config.rope_scaling
+    assert gg.config.norm_weight_offset == 0.0 and offset == (0.0 if "phi3" in family else 1.0)
+    hs, gs = hf.config.rope_scaling, gg.config.rope_scaling  # a GGUF holds float32 factors
+    assert (hs is None) == (gs is None)
+    if hs is not None:
+        assert (gs.rope_type, gs.factor) == (hs.rope_type, hs.factor)
+        np.testing.assert_allclose(gs.frequency_factors or 0, hs.frequency_factors or 0,
+                                   rtol=1e-7)
+        assert (gs.attention_factor or 1.0) == pytest.approx(hs.attention_factor or 1.0,
+                                                             rel=1e-7)
+    assert hf.config.max_position_embeddings == gg.config.max_position_embeddings
     assert sorted(hf.weights) == sorted(gg.weights)
     for name, array in hf.weights.items():
         shift = offset if name.endswith("norm.weight") else 0.0
@@ -221,7 +227,7 @@ def test_unsupported_fields_are_refused_with_a_remedy(tmp_path, family, change, 
     assert not (tmp_path / "out").exists()
 
 
-def test_phi3_longrope_gguf_is_refused_by_tensor(tmp_path):
+def test_phi3_long_factors_alone_are_refused_by_tensor(tmp_path):
     path = write_gguf_file(tmp_path / "m.gguf", "phi3",
                            extra={"rope_factors_long.weight": np.ones(8)})
     with pytest.raises(ImporterError) as caught:
