@@ -33,7 +33,7 @@ def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
     wavelength exceeds original / low_freq_factor by the factor, keeps those under
     original / high_freq_factor and blends in between; factors and longrope divide one by
     one."""
-    d, scaling = config.head_dim, config.rope_scaling
+    d, scaling = config.rotary_dim or config.head_dim, config.rope_scaling  # rotated values
     inv_freq = 1.0 / config.rope_theta ** (np.arange(0, d, 2) / d)
     if scaling is None:
         return inv_freq
@@ -52,13 +52,16 @@ def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
 
 def rope(x: np.ndarray, positions: np.ndarray, config: LlamaConfig) -> np.ndarray:
     """``x`` [heads, s, d] rotated at ``positions`` [s] (halves layout, as HF Llama), times
-    longrope's attention factor (LongRoPE scales cos and sin by it)."""
-    d, scaling = config.head_dim, config.rope_scaling
+    longrope's attention factor (LongRoPE scales cos and sin by it); with ``rotary_dim``
+    (partial rotary) the first rotary_dim values so, the rest as they are."""
+    r, scaling = config.rotary_dim or config.head_dim, config.rope_scaling
     angles = np.outer(positions, inverse_frequencies(config))
-    angles = np.concatenate([angles, angles], axis=-1)  # [s, d]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    angles = np.concatenate([angles, angles], axis=-1)  # [s, r]
+    turned, passed = x[..., :r], x[..., r:]
+    x1, x2 = turned[..., : r // 2], turned[..., r // 2:]
     factor = scaling.attention_factor if scaling and scaling.rope_type == "longrope" else 1.0
-    return factor * (x * np.cos(angles) + np.concatenate([-x2, x1], axis=-1) * np.sin(angles))
+    roped = turned * np.cos(angles) + np.concatenate([-x2, x1], axis=-1) * np.sin(angles)
+    return np.concatenate([factor * roped, passed], axis=-1)
 
 
 def soft_cap(x: np.ndarray, cap: float | None) -> np.ndarray:

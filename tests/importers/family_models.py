@@ -63,8 +63,14 @@ HF_CONFIGS["phi3-longrope"] = {**HF_CONFIGS["phi3"], "original_max_position_embe
                                                 "short_factor": [1.0, 1.5, 2.0, 3.5, 1.2,
                                                                  4.0, 8.0, 2.5],
                                                 "long_factor": [9.0] * 8}}
+# Phi-4-mini's form: partial rotary (48 of 64 values turned; GroupQueryAttention takes
+# multiples of 16) with longrope (24 pairs)
+HF_CONFIGS["phi3-partial-longrope"] = {
+    **HF_CONFIGS["phi3-longrope"], "hidden_size": 128, "partial_rotary_factor": 0.75,
+    "rope_scaling": {"type": "longrope", "short_factor": list(np.linspace(1.0, 12.0, 24)),
+                     "long_factor": [9.0] * 24}}
 GGUF_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "gemma3-linear": "gemma3",
-              "phi3-longrope": "phi3"}
+              "phi3-longrope": "phi3", "phi3-partial-longrope": "phi3"}
 
 
 def base_family(family: str) -> str:
@@ -73,6 +79,11 @@ def base_family(family: str) -> str:
 
 def head_dim(cfg: dict) -> int:
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def rotary_dim(cfg: dict) -> int:
+    """The values RoPE turns: transformers' int(head_dim * partial_rotary_factor)."""
+    return int(head_dim(cfg) * cfg.get("partial_rotary_factor", 1.0))
 
 
 def is_gemma(cfg: dict) -> bool:
@@ -186,7 +197,7 @@ def write_gguf_file(path: Path, family: str, extra: dict[str, np.ndarray] | None
     writer.add_head_count_kv(cfg["num_key_value_heads"])
     writer.add_key_length(head_dim(cfg))
     writer.add_value_length(head_dim(cfg))
-    writer.add_rope_dimension_count(head_dim(cfg))
+    writer.add_rope_dimension_count(rotary_dim(cfg))
     writer.add_rope_freq_base(cfg["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_sliding_window(cfg["sliding_window"])
@@ -249,7 +260,8 @@ def expected_config(cfg: dict, sliding: bool = True) -> LlamaConfig:
             rope = RopeScaling("longrope", frequency_factors=tuple(rope["short_factor"]),
                                attention_factor=factor)
         return LlamaConfig(**sizes, head_dim=d, tie_word_embeddings=False,
-                           sliding_window=window, rope_scaling=rope)
+                           sliding_window=window, rope_scaling=rope,
+                           rotary_dim=rotary_dim(cfg) if rotary_dim(cfg) < d else None)
     types = tuple(SLIDING if is_sliding(cfg, i) else FULL for i in range(num_layers))
     gemma3 = cfg["model_type"] == "gemma3_text"
     return LlamaConfig(

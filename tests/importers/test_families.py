@@ -26,7 +26,8 @@ from family_models import (
 from speculant_tools.importers import ImporterError, import_model, read_checkpoint
 
 FAMILIES = ("gemma2", "gemma3", "phi3")
-SCALED = ("gemma3-linear", "phi3-longrope")  # RoPE scaling: Gemma 3 4B-27B's, Phi-3 128k's
+# RoPE scaling: Gemma 3 4B-27B's, Phi-3 128k's; Phi-4-mini's partial rotary with longrope
+SCALED = ("gemma3-linear", "phi3-longrope", "phi3-partial-longrope")
 # (source, cache, dtype, graph): every graph form the exporter writes
 FORMS = [("hf", "appended", "float32", "explicit"), ("hf", "static", "float32", "explicit"),
          ("hf", "appended", "float32", "fused"), ("hf", "static", "float32", "fused"),
@@ -54,12 +55,16 @@ def test_the_window_and_the_variations_matter(family):
 
 @pytest.mark.parametrize("family", SCALED)
 def test_the_rope_scaling_matters(family):
-    """Each scaled variant's reference differs from its unscaled family's on the same
-    weights (and its package is compared with the scaled reference below)."""
-    weights = hf_weights(family)
-    scaled = reference_logits(HF_CONFIGS[family], weights, IDS)
-    plain = reference_logits(HF_CONFIGS[family.split("-")[0]], weights, IDS)
-    assert not np.allclose(scaled, plain, atol=1e-3 * np.abs(plain).max())
+    """Each scaled variant's reference differs from the same model unscaled on the same
+    weights, and partial rotary from whole-head rotary (the packages are compared with the
+    scaled reference below)."""
+    cfg, weights = HF_CONFIGS[family], hf_weights(family)
+    unscaled = {**cfg, "rope_scaling": None}
+    pairs = [(cfg, unscaled)] + ([(unscaled, {**unscaled, "partial_rotary_factor": 1.0})]
+                                 if "partial_rotary_factor" in cfg else [])
+    for one, other in pairs:
+        a, b = (reference_logits(c, weights, IDS) for c in (one, other))
+        assert not np.allclose(a, b, atol=1e-3 * np.abs(b).max())
 
 
 @pytest.mark.parametrize("source, cache, dtype, graph", FORMS)
@@ -212,7 +217,7 @@ def test_phi3_written_back_as_mistral_equals_transformers(tmp_path):
                                "short_factor": [1.0] * 7}}, "config.rope_scaling.short_factor"),
     ("phi3", {"rope_scaling": {"type": "yarn", "factor": 4.0}},
      "config.rope_scaling.rope_type"),
-    ("phi3", {"partial_rotary_factor": 0.75}, "config.partial_rotary_factor"),
+    ("phi3", {"partial_rotary_factor": 1.5}, "config.partial_rotary_factor"),
     ("gemma2", {"hidden_activation": "relu"}, "config.hidden_activation"),
     ("gemma2", {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]},
      "model_type"),

@@ -97,11 +97,11 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
 
 
 def rope_tables(config) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin ``[max_position_embeddings, head_dim]`` float32 of ``config`` (a
+    """cos, sin ``[max_position_embeddings, rotated_dim]`` float32 of ``config`` (a
     :class:`~speculant_tools.export.config.LlamaConfig`), as transformers' rotary embedding
     computes them (float32 frequencies times positions, halves duplicated; longrope's
     attention factor multiplied in)."""
-    inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+    inv_freq = inverse_frequencies(config.rotated_dim, config.rope_theta, config.rope_scaling)
     positions = np.arange(config.max_position_embeddings, dtype=np.float32)
     freqs = np.outer(positions, inv_freq).astype(np.float32)  # [max_ctx, dim / 2]
     angles = np.concatenate([freqs, freqs], axis=-1)  # [max_ctx, dim]

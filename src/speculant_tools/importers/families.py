@@ -17,11 +17,9 @@ Gemma 2     embeddings * sqrt(hidden), RMSNorm by (1 + w), GeGLU (gelu tanh), sa
             norms (``post_norms``), attention and final logit soft caps,
             ``query_pre_attn_scalar``, sliding layers 0, 2, 4, ... (window), tied head
 Gemma 3     Gemma 2's, without the soft caps, with QK norms, 5 sliding layers to 1 global,
-            sliding layers' RoPE at ``rope_local_base_freq``, linear scaling on the global
-            layers (4B, 12B, 27B; their multimodal folders' text model, hf_folder.py)
-Phi-3       q/k/v and gate/up fused in the checkpoint (split here), an untied head,
-            every layer sliding where ``sliding_window`` is set (Phi-3-mini-4k: 2047),
-            longrope (128k, Phi-3.5) with its short factors, the context capped there
+            sliding layers' RoPE at ``rope_local_base_freq``, global layers' scaled (4B-27B)
+Phi-3       q/k/v and gate/up fused (split here), an untied head, partial rotary (Phi-4-mini),
+            sliding where ``sliding_window`` is set (mini-4k: 2047), longrope (short factors)
 ==========  ==========================================================================
 
 ``dynamic`` RoPE scaling reads as plain RoPE with the context capped at the original one:
@@ -163,20 +161,27 @@ def _hf_gemma3(data: Mapping[str, Any], sizes: dict[str, Any]) -> dict[str, Any]
 def _hf_phi3(data: Mapping[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
     _check(data, "hidden_act", "silu", "silu")
     _check(data, "attention_bias", False, False)
-    factor = (data.get("rope_parameters") or {}).get("partial_rotary_factor",
-                                                     data.get("partial_rotary_factor", 1.0))
-    if factor != 1.0:
-        raise Refusal("partial_rotary_factor", factor, "partial rotary (Phi-3.5/Phi-4 mini) "
-                      "is not exported", "Phi-3 mini and medium (4k and 128k) import")
     key, rope = _rope_parameters(data)
-    scaling = _longrope(key, rope, data, sizes) if _rope_type(rope) in ("longrope", "su") \
-        else _rope_scaling(data, sizes, ("linear",))
+    rotary = _rotary_dim(data, rope, sizes)
+    scaling = _longrope(key, rope, data, sizes, rotary or sizes["head_dim"]) \
+        if _rope_type(rope) in ("longrope", "su") else _rope_scaling(data, sizes, ("linear",))
     return {"tie_word_embeddings": bool(data.get("tie_word_embeddings", False)),
-            "sliding_window": data.get("sliding_window"), "rope_scaling": scaling}
+            "sliding_window": data.get("sliding_window"), "rope_scaling": scaling,
+            "rotary_dim": rotary}
+
+
+def _rotary_dim(data: Mapping[str, Any], rope: Mapping[str, Any], sizes: dict[str, Any]
+                ) -> int | None:
+    """Partial rotary's turned values, ``int(head_dim * factor)`` (None: all), as transformers."""
+    factor = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0))
+    if not isinstance(factor, int | float) or not 0 < factor <= 1:
+        raise Refusal("partial_rotary_factor", factor, "not a fraction", expected="(0, 1]")
+    rotary = int(sizes["head_dim"] * factor)
+    return None if rotary == sizes["head_dim"] else rotary
 
 
 def _longrope(key: str, rope: dict[str, Any], data: Mapping[str, Any],
-              sizes: dict[str, Any]) -> RopeScaling:
+              sizes: dict[str, Any], rotated: int) -> RopeScaling:
     """Phi-3's longrope (``su``) as transformers computes it up to
     ``original_max_position_embeddings`` tokens: the short factors, the attention factor
     ``sqrt(1 + log(s) / log(original))`` (s = max / original; 1 where s <= 1) unless the
@@ -188,9 +193,9 @@ def _longrope(key: str, rope: dict[str, Any], data: Mapping[str, Any],
     if not isinstance(original, int) or original < 2:
         raise Refusal("original_max_position_embeddings", original, "longrope needs the "
                       "original context", "complete config.json from the model card", "int")
-    if not isinstance(short, list) or len(short) != sizes["head_dim"] // 2:
+    if not isinstance(short, list) or len(short) != rotated // 2:
         raise Refusal(f"{key}.short_factor", short, "longrope needs one short factor per "
-                      "rotated pair", expected=f"{sizes['head_dim'] // 2} numbers")
+                      "rotated pair", expected=f"{rotated // 2} numbers")
     scale = sizes["max_position_embeddings"] / original
     attention = rope.get("attention_factor") or (
         math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
@@ -212,16 +217,13 @@ def _hf_llama_like(data: Mapping[str, Any], sizes: dict[str, Any], *, tied: bool
     ``every_layer`` (Mistral) or ``upper_layers`` (Qwen, :func:`_qwen_window`)."""
     _check(data, "mlp_bias", False, False)
     _check(data, "hidden_act", "silu", "silu")
-    rope = _rope_parameters(data)[1]
-    factor = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0))
-    if factor != 1.0:
-        raise Refusal("partial_rotary_factor", factor, "partial rotary is not exported",
-                      "docs/models.md lists what imports", "1.0")
+    rotary = _rotary_dim(data, _rope_parameters(data)[1], sizes)
     bias = bool(data.get("attention_bias", False))
     variations = {"tie_word_embeddings": bool(data.get("tie_word_embeddings", tied)),
                   "attention_bias": bias if qkv_bias is None else qkv_bias,
                   "attention_output_bias": bias if output_bias is None else output_bias,
-                  "qk_norm": qk_norm, "rope_scaling": _rope_scaling(data, sizes)}
+                  "qk_norm": qk_norm, "rope_scaling": _rope_scaling(data, sizes),
+                  "rotary_dim": rotary}
     if window == "every_layer":  # MistralConfig's default window where config.json has none
         variations["sliding_window"] = data.get("sliding_window", 4096)
     elif window == "upper_layers":

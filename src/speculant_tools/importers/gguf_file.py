@@ -75,7 +75,8 @@ CONFIG_KEYS = {  # LlamaConfig field -> the GGUF key it is read from
     "num_attention_heads": "{arch}.attention.head_count",
     "num_key_value_heads": "{arch}.attention.head_count_kv",
     "intermediate_size": "{arch}.feed_forward_length",
-    "max_position_embeddings": "{arch}.context_length"}
+    "max_position_embeddings": "{arch}.context_length",
+    "rotary_dim": "{arch}.rope.dimension_count"}
 
 
 def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -205,10 +206,10 @@ def read_gguf(path: str | Path, progress: Progress | None = None) -> Checkpoint:
                       **_tokenizer(fields, config))
 
 
-def _rope_scaling(fields: _Fields, arch: str, tensors: list[Any], head_dim: int
+def _rope_scaling(fields: _Fields, arch: str, tensors: list[Any], rotated: int
                   ) -> RopeScaling | None:
     """Linear scaling from ``rope.scaling.type``/``factor``; llama3's as the per-frequency
-    divisors llama.cpp's converter writes in ``rope_freqs.weight``."""
+    divisors llama.cpp's converter writes in ``rope_freqs.weight`` (``rotated`` / 2)."""
     key = f"{arch}.rope.scaling.type"
     scaling = fields.text(key, "none")
     if scaling not in ("none", "linear"):
@@ -221,10 +222,10 @@ def _rope_scaling(fields: _Fields, arch: str, tensors: list[Any], head_dim: int
         return RopeScaling("linear", factor=factor) if scaling == "linear" and factor != 1.0 \
             else None
     tensor = frequencies[0]
-    if tensor.tensor_type.name != "F32" or [int(n) for n in tensor.shape] != [head_dim // 2]:
+    if tensor.tensor_type.name != "F32" or [int(n) for n in tensor.shape] != [rotated // 2]:
         raise fields.refuse(f"tensors.{ROPE_FREQS}", "the RoPE frequency factors must be one "
-                            "F32 row of head_dim / 2 values", (tensor.tensor_type.name,
-                            [int(n) for n in tensor.shape]), f"F32 [{head_dim // 2}]")
+                            "F32 row of one value per rotated pair", (tensor.tensor_type.name,
+                            [int(n) for n in tensor.shape]), f"F32 [{rotated // 2}]")
     if scaling == "linear" and factor != 1.0:
         raise fields.refuse(key, "linear scaling and rope_freqs.weight together", scaling,
                             "one of them")
@@ -240,7 +241,7 @@ def _longrope(fields: _Fields, arch: str, tensors: list[Any], sizes: dict[str, A
     (the converter's sqrt(1 + log(s) / log(original))), the context (``sizes``) capped at
     the original, as the Hugging Face import reads the same model."""
     tensor = next(t for t in tensors if t.name == LONGROPE[0])
-    half = sizes["head_dim"] // 2
+    half = (fields.count(f"{arch}.rope.dimension_count", None) or sizes["head_dim"]) // 2
     if tensor.tensor_type.name != "F32" or [int(n) for n in tensor.shape] != [half]:
         raise fields.refuse(f"tensors.{LONGROPE[0]}", "the longrope short factors must be one "
                             "F32 row of head_dim / 2 values", (tensor.tensor_type.name,
@@ -269,10 +270,14 @@ def _config(fields: _Fields, arch: str, family: Family, tensors: list[Any]) -> L
         raise fields.refuse(f"{arch}.attention.head_count", "more attention heads than the "
                             "embedding has values (and no attention.key_length)", heads,
                             f"at most {hidden} (embedding_length)")
-    for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.value_length"):
-        if fields.count(key, head_dim) != head_dim:
-            raise fields.refuse(key, "partial rotary or a value width other than the key's is "
-                                "not supported", fields.count(key), str(head_dim), remedy="")
+    key = f"{arch}.attention.value_length"
+    if fields.count(key, head_dim) != head_dim:
+        raise fields.refuse(key, "a value width other than the key's is not supported",
+                            fields.count(key), str(head_dim), remedy="")
+    rotary = fields.count(f"{arch}.rope.dimension_count", head_dim)  # partial rotary: fewer
+    if rotary != head_dim and family.gguf_permutes_qk:  # rows interleaved over the head
+        raise fields.refuse(f"{arch}.rope.dimension_count", "partial rotary is not supported "
+                            "for this architecture", rotary, str(head_dim), remedy="")
     tokens = fields.texts("tokenizer.ggml.tokens")
     sizes: dict[str, Any] = {"vocab_size": fields.count(f"{arch}.vocab_size", len(tokens)),
              "hidden_size": hidden, "num_attention_heads": heads, "head_dim": head_dim,
@@ -284,9 +289,10 @@ def _config(fields: _Fields, arch: str, family: Family, tensors: list[Any]) -> L
     variations = {"attention_bias": "blk.0.attn_q.bias" in names,
                   "attention_output_bias": "blk.0.attn_output.bias" in names,
                   "tie_word_embeddings": "output.weight" not in names,
+                  "rotary_dim": None if rotary == head_dim else rotary,
                   **family.gguf_variations(fields, arch, sizes)}
     if family.has_rope_scaling:
-        variations["rope_scaling"] = _rope_scaling(fields, arch, tensors, head_dim)
+        variations["rope_scaling"] = _rope_scaling(fields, arch, tensors, rotary)
     if LONGROPE[0] in names:
         variations["rope_scaling"] = _longrope(fields, arch, tensors, sizes)
     try:
