@@ -163,7 +163,7 @@ def drafter_forward(config: LlamaConfig, weights, table, fused, positions, keys,
     """fused [s, 2H]; positions [s]; keys/values [KV, K, d] (borrowed, keys rotated);
     mask [K]. Every query sees every key whose mask entry is 1. Returns logits [s, V] and
     the projected state [s, H]. The layer is plain Llama whatever the target's variations,
-    rotating with its RoPE (``rope_scaling`` kept)."""
+    rotating with its RoPE (``rope_scaling`` and ``rotary_dim`` kept)."""
     c, eps, p = replace(config, **VARIATIONS), config.rms_norm_eps, "drafter.layer"
     x = np.asarray(fused, np.float64) @ _w(weights, "drafter.in_proj.weight").T
     h = rms_norm(x, _w(weights, f"{p}.input_layernorm.weight"), eps)
