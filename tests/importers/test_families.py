@@ -141,6 +141,21 @@ def test_phi3_longrope_bakes_the_short_factors_up_to_the_original_context(tmp_pa
     assert scaling.attention_factor == pytest.approx(np.sqrt(1 + np.log(4) / np.log(16)))
 
 
+@pytest.mark.parametrize("rope_key", ["partial_rotary_factor", "rope_parameters"])
+def test_partial_rotary_is_read_for_the_llama_like_families(rope_key):
+    """Llama, Mistral and Qwen read partial_rotary_factor (top level, or in transformers 5's
+    rope_parameters) as Phi-3 does: int(head_dim * factor) values turned; 1 is all."""
+    from speculant_tools.importers.families import fields_from_hf
+
+    llama = {"model_type": "llama", "vocab_size": 48, "hidden_size": 64,
+             "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+             "max_position_embeddings": 32}
+    for factor, expected in ((0.75, 24), (1.0, None)):
+        change = {rope_key: factor} if rope_key != "rope_parameters" else {
+            rope_key: {"rope_type": "default", "partial_rotary_factor": factor}}
+        assert fields_from_hf({**llama, **change})["rotary_dim"] == expected
+
+
 @pytest.mark.parametrize("layout", ["language_model.model.", "model.language_model."])
 def test_a_gemma3_multimodal_folder_imports_its_text_model(tmp_path, layout):
     """A Gemma3ForConditionalGeneration folder (4B-27B): text_config (its omitted fields
