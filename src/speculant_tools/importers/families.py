@@ -164,7 +164,7 @@ def _hf_phi3(data: Mapping[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
     key, rope = _rope_parameters(data)
     rotary = _rotary_dim(data, rope, sizes)
     scaling = _longrope(key, rope, data, sizes, rotary or sizes["head_dim"]) \
-        if _rope_type(rope) in ("longrope", "su") else _rope_scaling(data, sizes, ("linear",))
+        if _rope_type(rope) in ("longrope", "su") else _rope_scaling(data, sizes, ())
     return {"tie_word_embeddings": bool(data.get("tie_word_embeddings", False)),
             "sliding_window": data.get("sliding_window"), "rope_scaling": scaling,
             "rotary_dim": rotary}
@@ -256,7 +256,7 @@ def _rope_scaling(data: Mapping[str, Any], sizes: dict[str, Any],
         return None
     if kind not in kinds:
         raise Refusal(f"{key}.rope_type", kind, f"RoPE scaling {kind!r} is not exported",
-                      ROPE_REMEDY, f"default, dynamic or {' or '.join(kinds)}")
+                      ROPE_REMEDY, " or ".join(("default", "dynamic", *kinds)))
     needed = ("factor",) if kind == "linear" else ("factor", "low_freq_factor",
                                                    "high_freq_factor")
     values = {name: rope.get(name) for name in needed}
