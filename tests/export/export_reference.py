@@ -31,14 +31,15 @@ def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
     """RoPE's ``[d / 2]`` inverse frequencies, rescaled as ``config.rope_scaling`` says:
     linear divides all by the factor; llama3 (Meta's Llama 3.1 reference) divides those whose
     wavelength exceeds original / low_freq_factor by the factor, keeps those under
-    original / high_freq_factor and blends in between; factors divide one by one."""
-    d, scaling = config.head_dim, config.rope_scaling
+    original / high_freq_factor and blends in between; factors and longrope divide one by
+    one."""
+    d, scaling = config.rotary_dim or config.head_dim, config.rope_scaling  # rotated values
     inv_freq = 1.0 / config.rope_theta ** (np.arange(0, d, 2) / d)
     if scaling is None:
         return inv_freq
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
-    if scaling.rope_type == "factors":
+    if scaling.rope_type in ("factors", "longrope"):
         return inv_freq / np.asarray(scaling.frequency_factors, np.float64)
     wavelength = 2 * np.pi / inv_freq
     original = scaling.original_max_position_embeddings
@@ -50,12 +51,17 @@ def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
 
 
 def rope(x: np.ndarray, positions: np.ndarray, config: LlamaConfig) -> np.ndarray:
-    """``x`` [heads, s, d] rotated at ``positions`` [s] (halves layout, as HF Llama)."""
-    d = config.head_dim
+    """``x`` [heads, s, d] rotated at ``positions`` [s] (halves layout, as HF Llama), times
+    longrope's attention factor (LongRoPE scales cos and sin by it); with ``rotary_dim``
+    (partial rotary) the first rotary_dim values so, the rest as they are."""
+    r, scaling = config.rotary_dim or config.head_dim, config.rope_scaling
     angles = np.outer(positions, inverse_frequencies(config))
-    angles = np.concatenate([angles, angles], axis=-1)  # [s, d]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * np.cos(angles) + np.concatenate([-x2, x1], axis=-1) * np.sin(angles)
+    angles = np.concatenate([angles, angles], axis=-1)  # [s, r]
+    turned, passed = x[..., :r], x[..., r:]
+    x1, x2 = turned[..., : r // 2], turned[..., r // 2:]
+    factor = scaling.attention_factor if scaling and scaling.rope_type == "longrope" else 1.0
+    roped = turned * np.cos(angles) + np.concatenate([-x2, x1], axis=-1) * np.sin(angles)
+    return np.concatenate([factor * roped, passed], axis=-1)
 
 
 def soft_cap(x: np.ndarray, cap: float | None) -> np.ndarray:
@@ -157,7 +163,7 @@ def drafter_forward(config: LlamaConfig, weights, table, fused, positions, keys,
     """fused [s, 2H]; positions [s]; keys/values [KV, K, d] (borrowed, keys rotated);
     mask [K]. Every query sees every key whose mask entry is 1. Returns logits [s, V] and
     the projected state [s, H]. The layer is plain Llama whatever the target's variations,
-    rotating with its RoPE (``rope_scaling`` kept)."""
+    rotating with its RoPE (``rope_scaling`` and ``rotary_dim`` kept)."""
     c, eps, p = replace(config, **VARIATIONS), config.rms_norm_eps, "drafter.layer"
     x = np.asarray(fused, np.float64) @ _w(weights, "drafter.in_proj.weight").T
     h = rms_norm(x, _w(weights, f"{p}.input_layernorm.weight"), eps)

@@ -5,6 +5,8 @@ reference, never reading a slot at or past the valid length."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -20,16 +22,21 @@ NP = {"float32": np.float32, "float16": np.float16}
 TOLERANCE = {"float32": (1e-5, 2e-5), "float16": (2e-2, 6e-2)}  # (rtol, atol) vs float64
 
 
-def drafter_model(dtype: str, fused_attention: bool | None, cache: str = "static"
-                  ) -> onnx.ModelProto:
+PARTIAL = replace(C, rotary_dim=C.head_dim // 2)  # a partial-rotary target's drafter
+
+
+def drafter_model(dtype: str, fused_attention: bool | None, cache: str = "static",
+                  config=C) -> onnx.ModelProto:
     cast = {name: array.astype(NP[dtype]) for name, array in DRAFTER_WEIGHTS.items()}
-    return drafter_graph(C, cast, TARGET_WEIGHTS["model.embed_tokens.weight"].astype(NP[dtype]),
+    return drafter_graph(config, cast,
+                         TARGET_WEIGHTS["model.embed_tokens.weight"].astype(NP[dtype]),
                          dtype, fused_norms=True, cache=cache, fused_attention=fused_attention)
 
 
-def drafter(dtype: str, fused_attention: bool) -> ort.InferenceSession:
-    return ort.InferenceSession(drafter_model(dtype, fused_attention).SerializeToString(),
-                                providers=["CPUExecutionProvider"])
+def drafter(dtype: str, fused_attention: bool, config=C) -> ort.InferenceSession:
+    return ort.InferenceSession(
+        drafter_model(dtype, fused_attention, config=config).SerializeToString(),
+        providers=["CPUExecutionProvider"])
 
 
 def test_static_fused_drafters_take_the_fused_attention_by_default():
@@ -42,14 +49,15 @@ def test_static_fused_drafters_take_the_fused_attention_by_default():
         drafter_model("float16", True, cache="appended")
 
 
+@pytest.mark.parametrize("config", [C, PARTIAL], ids=["whole-head", "partial-rotary"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_fused_attention_equals_the_reference_within_the_valid_length(dtype):
+def test_fused_attention_equals_the_reference_within_the_valid_length(dtype, config):
     """Slots at and past ``cache_lengths`` hold values 50x larger than the valid ones: an
     attention that read one of them (a length off by one, the capacity instead of the length)
     moves the logits far past the tolerance. Rows 1 and 3, two lengths, the explicit graph
-    beside it."""
+    beside it; a partial-rotary target's drafter turns the same values its keys were."""
     rng = np.random.default_rng(11)
-    sessions = {fused: drafter(dtype, fused) for fused in (False, True)}
+    sessions = {fused: drafter(dtype, fused, config) for fused in (False, True)}
     table = TARGET_WEIGHTS["model.embed_tokens.weight"].astype(NP[dtype])
     weights = {name: array.astype(NP[dtype]) for name, array in DRAFTER_WEIGHTS.items()}
     rtol, atol = TOLERANCE[dtype]
@@ -63,7 +71,7 @@ def test_fused_attention_equals_the_reference_within_the_valid_length(dtype):
         feeds = {"inputs_embeds": fused, "position_ids": positions,
                  "cache_lengths": np.array([length], np.int64),
                  "shared_kv.key": key, "shared_kv.value": value}
-        ref_logits, ref_state = drafter_forward(C, weights, table, fused[0], positions[0],
+        ref_logits, ref_state = drafter_forward(config, weights, table, fused[0], positions[0],
                                                 key[0], value[0],
                                                 (np.arange(CAPACITY) < length).astype(np.int64))
         for is_fused, sess in sessions.items():

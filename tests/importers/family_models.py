@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf_models import BOS_ID, CHAT_TEMPLATE, EOS_ID, MERGES, SPECIALS, TOKENS
 
 from export.export_reference import target_forward
-from speculant_tools.export import LlamaConfig
+from speculant_tools.export import LlamaConfig, RopeScaling
 from speculant_tools.export.config import FULL, SLIDING
 from speculant_tools.importers.gguf_vocab import build_tokenizer
 
@@ -54,11 +54,36 @@ HF_CONFIGS = {
              "rope_scaling": None, "original_max_position_embeddings": 64,
              "sliding_window": 3, "tie_word_embeddings": False},
 }
-GGUF_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3"}
+# the scaled variants: Gemma 3 4B-27B's linear scaling on the global layers; Phi-3 128k's
+# longrope, short factors (the sequence stays under the original context, 16)
+HF_CONFIGS["gemma3-linear"] = {**HF_CONFIGS["gemma3"],
+                               "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+HF_CONFIGS["phi3-longrope"] = {**HF_CONFIGS["phi3"], "original_max_position_embeddings": 16,
+                               "rope_scaling": {"type": "longrope",
+                                                "short_factor": [1.0, 1.5, 2.0, 3.5, 1.2,
+                                                                 4.0, 8.0, 2.5],
+                                                "long_factor": [9.0] * 8}}
+# Phi-4-mini's form: partial rotary (48 of 64 values turned; GroupQueryAttention takes
+# multiples of 16) with longrope (24 pairs)
+HF_CONFIGS["phi3-partial-longrope"] = {
+    **HF_CONFIGS["phi3-longrope"], "hidden_size": 128, "partial_rotary_factor": 0.75,
+    "rope_scaling": {"type": "longrope", "short_factor": list(np.linspace(1.0, 12.0, 24)),
+                     "long_factor": [9.0] * 24}}
+GGUF_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "gemma3-linear": "gemma3",
+              "phi3-longrope": "phi3", "phi3-partial-longrope": "phi3"}
+
+
+def base_family(family: str) -> str:
+    return family.split("-")[0]
 
 
 def head_dim(cfg: dict) -> int:
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def rotary_dim(cfg: dict) -> int:
+    """The values RoPE turns: transformers' int(head_dim * partial_rotary_factor)."""
+    return int(head_dim(cfg) * cfg.get("partial_rotary_factor", 1.0))
 
 
 def is_gemma(cfg: dict) -> bool:
@@ -67,7 +92,7 @@ def is_gemma(cfg: dict) -> bool:
 
 def hf_weights(family: str, seed: int = 11) -> dict[str, np.ndarray]:
     """Random float32 weights under the family's own Hugging Face names (Phi-3's fused)."""
-    cfg = HF_CONFIGS[family]
+    cfg, family = HF_CONFIGS[family], base_family(family)
     rng = np.random.default_rng(seed)
     h, f, d = cfg["hidden_size"], cfg["intermediate_size"], head_dim(cfg)
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
@@ -172,10 +197,21 @@ def write_gguf_file(path: Path, family: str, extra: dict[str, np.ndarray] | None
     writer.add_head_count_kv(cfg["num_key_value_heads"])
     writer.add_key_length(head_dim(cfg))
     writer.add_value_length(head_dim(cfg))
-    writer.add_rope_dimension_count(head_dim(cfg))
+    writer.add_rope_dimension_count(rotary_dim(cfg))
     writer.add_rope_freq_base(cfg["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_sliding_window(cfg["sliding_window"])
+    rope = cfg.get("rope_scaling") or {}
+    if "factor" in rope:  # linear: what the converter writes
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    if "short_factor" in rope:  # longrope: the converter's keys and factor tensors
+        original = cfg["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / original
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(np.sqrt(1 + np.log(scale) / np.log(original)))
+        extra = {"rope_factors_long.weight": np.array(rope["long_factor"]),
+                 "rope_factors_short.weight": np.array(rope["short_factor"]), **(extra or {})}
     if cfg.get("attn_logit_softcapping"):
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
     if cfg.get("final_logit_softcapping"):
@@ -214,9 +250,18 @@ def expected_config(cfg: dict, sliding: bool = True) -> LlamaConfig:
         "num_key_value_heads", "intermediate_size", "max_position_embeddings", "rms_norm_eps",
         "rope_theta")}
     window = cfg["sliding_window"] if sliding else None
+    rope = cfg.get("rope_scaling")
     if not is_gemma(cfg):  # Phi-3: Llama, untied, every layer sliding
+        if rope:  # longrope up to the original context: the short factors, cos/sin scaled
+            original = cfg["original_max_position_embeddings"]
+            scale = sizes["max_position_embeddings"] / original
+            sizes["max_position_embeddings"] = original
+            factor = float(np.sqrt(1 + np.log(scale) / np.log(original)))
+            rope = RopeScaling("longrope", frequency_factors=tuple(rope["short_factor"]),
+                               attention_factor=factor)
         return LlamaConfig(**sizes, head_dim=d, tie_word_embeddings=False,
-                           sliding_window=window)
+                           sliding_window=window, rope_scaling=rope,
+                           rotary_dim=rotary_dim(cfg) if rotary_dim(cfg) < d else None)
     types = tuple(SLIDING if is_sliding(cfg, i) else FULL for i in range(num_layers))
     gemma3 = cfg["model_type"] == "gemma3_text"
     return LlamaConfig(
@@ -226,7 +271,8 @@ def expected_config(cfg: dict, sliding: bool = True) -> LlamaConfig:
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
         query_pre_attn_scalar=cfg["query_pre_attn_scalar"], sliding_window=window,
         layer_types=types if sliding else None,
-        rope_local_base_freq=cfg.get("rope_local_base_freq") if gemma3 else None)
+        rope_local_base_freq=cfg.get("rope_local_base_freq") if gemma3 else None,
+        rope_scaling=rope and RopeScaling("linear", factor=rope["factor"]))  # global layers
 
 
 def is_sliding(cfg: dict, layer: int) -> bool:

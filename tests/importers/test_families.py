@@ -26,6 +26,8 @@ from family_models import (
 from speculant_tools.importers import ImporterError, import_model, read_checkpoint
 
 FAMILIES = ("gemma2", "gemma3", "phi3")
+# RoPE scaling: Gemma 3 4B-27B's, Phi-3 128k's; Phi-4-mini's partial rotary with longrope
+SCALED = ("gemma3-linear", "phi3-longrope", "phi3-partial-longrope")
 # (source, cache, dtype, graph): every graph form the exporter writes
 FORMS = [("hf", "appended", "float32", "explicit"), ("hf", "static", "float32", "explicit"),
          ("hf", "appended", "float32", "fused"), ("hf", "static", "float32", "fused"),
@@ -51,8 +53,22 @@ def test_the_window_and_the_variations_matter(family):
     assert len(IDS) > cfg["sliding_window"]
 
 
+@pytest.mark.parametrize("family", SCALED)
+def test_the_rope_scaling_matters(family):
+    """Each scaled variant's reference differs from the same model unscaled on the same
+    weights, and partial rotary from whole-head rotary (the packages are compared with the
+    scaled reference below)."""
+    cfg, weights = HF_CONFIGS[family], hf_weights(family)
+    unscaled = {**cfg, "rope_scaling": None}
+    pairs = [(cfg, unscaled)] + ([(unscaled, {**unscaled, "partial_rotary_factor": 1.0})]
+                                 if "partial_rotary_factor" in cfg else [])
+    for one, other in pairs:
+        a, b = (reference_logits(c, weights, IDS) for c in (one, other))
+        assert not np.allclose(a, b, atol=1e-3 * np.abs(b).max())
+
+
 @pytest.mark.parametrize("source, cache, dtype, graph", FORMS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_logits_equal_the_numpy_reference(tmp_path, family, source, cache, dtype, graph):
     path, cfg = _source(tmp_path, family, source)
     package = import_model(path, tmp_path / "package", dtype=dtype, cache=cache, graph=graph)
@@ -65,7 +81,7 @@ def test_logits_equal_the_numpy_reference(tmp_path, family, source, cache, dtype
                                                                  else 1.0)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_hf_and_gguf_read_the_same_model(tmp_path, family):
     """The two sources of one model give one configuration (up to what a GGUF does not
     carry) and the same weights: Gemma's GGUF norms hold 1 + w, imported with offset 0;
@@ -74,7 +90,16 @@ def test_hf_and_gguf_read_the_same_model(tmp_path, family):
     gg = read_checkpoint(write_gguf_file(tmp_path / "m.gguf", family))
     assert hf.config == expected_config(HF_CONFIGS[family])  # the reference's
     offset = hf.config.norm_weight_offset
-    assert gg.config.norm_weight_offset == 0.0 and offset == (1.0 if family != "phi3" else 0.0)
+    assert gg.config.norm_weight_offset == 0.0 and offset == (0.0 if "phi3" in family else 1.0)
+    hs, gs = hf.config.rope_scaling, gg.config.rope_scaling  # a GGUF holds float32 factors
+    assert (hs is None) == (gs is None)
+    if hs is not None:
+        assert (gs.rope_type, gs.factor) == (hs.rope_type, hs.factor)
+        np.testing.assert_allclose(gs.frequency_factors or 0, hs.frequency_factors or 0,
+                                   rtol=1e-7)
+        assert (gs.attention_factor or 1.0) == pytest.approx(hs.attention_factor or 1.0,
+                                                             rel=1e-7)
+    assert hf.config.max_position_embeddings == gg.config.max_position_embeddings
     assert sorted(hf.weights) == sorted(gg.weights)
     for name, array in hf.weights.items():
         shift = offset if name.endswith("norm.weight") else 0.0
@@ -104,8 +129,62 @@ def test_gemma3_layers_and_rope_bases(tmp_path):
     assert config.qk_norm and config.post_norms and config.hidden_act == "gelu_pytorch_tanh"
 
 
+def test_phi3_longrope_bakes_the_short_factors_up_to_the_original_context(tmp_path):
+    """transformers' longrope below original_max_position_embeddings: the short factors,
+    cos and sin times sqrt(1 + log(max / original) / log(original)); the context is capped
+    at the original (the long factors would need another table)."""
+    config = read_checkpoint(write_hf_folder(tmp_path / "hf", "phi3-longrope")).config
+    scaling = config.rope_scaling
+    assert config.max_position_embeddings == 16
+    assert scaling.frequency_factors == tuple(HF_CONFIGS["phi3-longrope"]["rope_scaling"][
+        "short_factor"])
+    assert scaling.attention_factor == pytest.approx(np.sqrt(1 + np.log(4) / np.log(16)))
+
+
+@pytest.mark.parametrize("rope_key", ["partial_rotary_factor", "rope_parameters"])
+def test_partial_rotary_is_read_for_the_llama_like_families(rope_key):
+    """Llama, Mistral and Qwen read partial_rotary_factor (top level, or in transformers 5's
+    rope_parameters) as Phi-3 does: int(head_dim * factor) values turned; 1 is all."""
+    from speculant_tools.importers.families import fields_from_hf
+
+    llama = {"model_type": "llama", "vocab_size": 48, "hidden_size": 64,
+             "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+             "max_position_embeddings": 32}
+    for factor, expected in ((0.75, 24), (1.0, None)):
+        change = {rope_key: factor} if rope_key != "rope_parameters" else {
+            rope_key: {"rope_type": "default", "partial_rotary_factor": factor}}
+        assert fields_from_hf({**llama, **change})["rotary_dim"] == expected
+
+
+@pytest.mark.parametrize("layout", ["language_model.model.", "model.language_model."])
+def test_a_gemma3_multimodal_folder_imports_its_text_model(tmp_path, layout):
+    """A Gemma3ForConditionalGeneration folder (4B-27B): text_config (its omitted fields
+    Gemma3TextConfig's defaults), the text weights under transformers' two layouts, the
+    vision tower not read; the package equals the text model's reference."""
+    from safetensors.numpy import save_file
+
+    text = HF_CONFIGS["gemma3-linear"]
+    folder = write_hf_folder(tmp_path / "mm", "gemma3-linear", {
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "eos_token_id": text["eos_token_id"], "vision_config": {"model_type": "siglip"},
+        "text_config": {k: v for k, v in text.items() if k not in (
+            "architectures", "model_type", "rope_local_base_freq", "sliding_window_pattern",
+            "eos_token_id")}})
+    weights = {layout + name.removeprefix("model."): array
+               for name, array in hf_weights("gemma3-linear").items()}
+    weights["vision_tower.vision_model.post_layernorm.weight"] = np.ones(4, np.float32)
+    save_file(weights, str(folder / "model.safetensors"))
+    checkpoint = read_checkpoint(folder)
+    assert checkpoint.config == expected_config(text)
+    assert sorted(checkpoint.weights) == sorted(hf_weights("gemma3-linear"))
+    package = import_model(folder, tmp_path / "package")
+    expected = reference_logits(text, hf_weights("gemma3-linear"), IDS)
+    np.testing.assert_allclose(package_logits(package, IDS, PREFILL), expected,
+                               atol=2e-4 * np.abs(expected).max(), rtol=0)
+
+
 # -- transformers -------------------------------------------------------------------------
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_logits_equal_transformers(tmp_path, family):
     torch = pytest.importorskip("torch", reason="transformers' check needs torch")
     transformers = pytest.importorskip("transformers", reason="needs transformers")
@@ -144,11 +223,16 @@ def test_phi3_written_back_as_mistral_equals_transformers(tmp_path):
 
 # -- refused, by name ---------------------------------------------------------------------
 @pytest.mark.parametrize("family, change, field", [
-    ("gemma3", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    ("gemma3", {"rope_scaling": {"rope_type": "yarn", "factor": 8.0}},
      "config.rope_scaling.rope_type"),
+    ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "linear",
+                                                          "factor": 8.0}}},
+     "config.rope_parameters.sliding_attention.rope_type"),
     ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 8,
-                               "short_factor": [1.0] * 8}}, "config.rope_scaling.rope_type"),
-    ("phi3", {"partial_rotary_factor": 0.75}, "config.partial_rotary_factor"),
+                               "short_factor": [1.0] * 7}}, "config.rope_scaling.short_factor"),
+    ("phi3", {"rope_scaling": {"type": "yarn", "factor": 4.0}},
+     "config.rope_scaling.rope_type"),
+    ("phi3", {"partial_rotary_factor": 1.5}, "config.partial_rotary_factor"),
     ("gemma2", {"hidden_activation": "relu"}, "config.hidden_activation"),
     ("gemma2", {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]},
      "model_type"),
@@ -163,7 +247,7 @@ def test_unsupported_fields_are_refused_with_a_remedy(tmp_path, family, change, 
     assert not (tmp_path / "out").exists()
 
 
-def test_phi3_longrope_gguf_is_refused_by_tensor(tmp_path):
+def test_phi3_long_factors_alone_are_refused_by_tensor(tmp_path):
     path = write_gguf_file(tmp_path / "m.gguf", "phi3",
                            extra={"rope_factors_long.weight": np.ones(8)})
     with pytest.raises(ImporterError) as caught:

@@ -104,9 +104,12 @@ class LlamaConfig:
     rope_local_base_freq: float | None = None  # RoPE theta of sliding layers (None: rope_theta)
     attention_bias: bool = False  # q/k/v projections carry biases (Qwen 2, Llama's flag)
     attention_output_bias: bool = False  # o_proj carries one too (Llama's flag: both)
-    # RoPE's frequencies rescaled (Llama 3.x, linear); unlike the fields above, the chained
-    # drafter rotates with it too (it reads the target's rotated keys)
+    # RoPE's frequencies rescaled (Llama 3.x, linear), and the values it turns: each head's
+    # first rotary_dim (halves of them, as transformers' partial rotary: Phi-4-mini 96 of
+    # 128; None: all). Unlike the fields above, the chained drafter rotates with them too (it
+    # reads the target's rotated keys)
     rope_scaling: RopeScaling | None = None
+    rotary_dim: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, Mapping):  # from JSON
@@ -137,6 +140,11 @@ class LlamaConfig:
         if self.head_dim % 2:
             raise ExportError("head_dim must be even (RoPE rotates halves)",
                               path="config.head_dim", value=self.head_dim)
+        if self.rotary_dim is not None and (self.rotary_dim % 2
+                                            or self.rotary_dim > self.head_dim):
+            raise ExportError("rotary_dim must be even and at most head_dim",
+                              path="config.rotary_dim", value=self.rotary_dim,
+                              expected=f"an even number <= {self.head_dim}")
         if not (self.rms_norm_eps > 0 and self.rope_theta > 0):
             raise ExportError("rms_norm_eps and rope_theta must be positive",
                               value=(self.rms_norm_eps, self.rope_theta))
@@ -174,23 +182,30 @@ class LlamaConfig:
         if scaling is not None and not isinstance(scaling, RopeScaling):
             raise ExportError("config.rope_scaling must be a RopeScaling or None",
                               path="config.rope_scaling", value=scaling)
-        if scaling is not None and scaling.rope_type == "factors" and len(
-                scaling.frequency_factors) != self.head_dim // 2:
+        if scaling is not None and scaling.rope_type in ("factors", "longrope") and len(
+                scaling.frequency_factors) != self.rotated_dim // 2:
             raise ExportError("one RoPE frequency factor per rotated pair",
                               path="config.rope_scaling.frequency_factors",
                               value=len(scaling.frequency_factors),
-                              expected=f"{self.head_dim // 2} (head_dim / 2)")
+                              expected=f"{self.rotated_dim // 2} (head_dim / 2, or "
+                                       "rotary_dim / 2)")
 
     @property
     def variant_fields(self) -> dict[str, Any]:
         """The fields where this target differs from the plain Llama graph (its
-        :data:`VARIATIONS` and ``rope_scaling``): what a tool that computes only that graph
-        (widening, train-drafter, speculators heads) refuses by name."""
+        :data:`VARIATIONS`, ``rope_scaling`` and ``rotary_dim``): what a tool that computes
+        only that graph (widening, train-drafter, speculators heads) refuses by name."""
         changed = {name: getattr(self, name) for name, default in VARIATIONS.items()
                    if getattr(self, name) != default}
-        if self.rope_scaling is not None:
-            changed["rope_scaling"] = self.rope_scaling
+        for name in ("rope_scaling", "rotary_dim"):
+            if getattr(self, name) is not None:
+                changed[name] = getattr(self, name)
         return changed
+
+    @property
+    def rotated_dim(self) -> int:
+        """How many values of each head RoPE turns (``rotary_dim``, default all)."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -275,8 +290,9 @@ class LlamaConfig:
         for name, default in VARIATIONS.items():  # Llama's packages stay as they were
             if data[name] == default:
                 del data[name]
-        if data["rope_scaling"] is None:
-            del data["rope_scaling"]  # likewise
+        for name in ("rope_scaling", "rotary_dim"):
+            if data[name] is None:
+                del data[name]  # likewise
         if data["drafter_intermediate_size"] == self.intermediate_size:
             del data["drafter_intermediate_size"]  # the default: packages stay as they were
         if data["draft_vocab_size"] == self.vocab_size:

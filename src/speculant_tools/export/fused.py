@@ -58,8 +58,9 @@ GRAPHS = ("auto", "fused", "explicit")
 
 def fusable(config: LlamaConfig, dtype: str) -> bool:
     """Whether ONNX Runtime's fused kernels take this target: float16 or float32, and a head
-    size that GroupQueryAttention with rotary accepts (a multiple of 16)."""
-    return dtype in FUSED_DTYPES and config.head_dim % 16 == 0
+    size and a turned width that GroupQueryAttention with rotary accepts (multiples of 16:
+    its cos/sin caches' width, half the turned values, a multiple of 8)."""
+    return dtype in FUSED_DTYPES and config.head_dim % 16 == 0 and config.rotated_dim % 16 == 0
 
 
 def use_fused(config: LlamaConfig, dtype: str, graph: str = "auto") -> bool:
@@ -71,8 +72,9 @@ def use_fused(config: LlamaConfig, dtype: str, graph: str = "auto") -> bool:
         raise ExportError(f"graph must be one of {GRAPHS}", path="graph", value=graph)
     if graph == "fused" and not fusable(config, dtype):
         raise ExportError(
-            f"no fused target for {dtype} with head_dim {config.head_dim}", path="graph",
-            value=graph, expected=f"a dtype in {FUSED_DTYPES} and a head_dim multiple of 16",
+            f"no fused target for {dtype} with head_dim {config.head_dim} (rotary "
+            f"{config.rotated_dim})", path="graph", value=graph, expected=f"a dtype in "
+            f"{FUSED_DTYPES}, head_dim and rotary_dim multiples of 16",
             remedy="use graph='explicit' (or 'auto')")
     return graph == "fused" or (graph == "auto" and dtype == "float16"
                                 and fusable(config, dtype))
@@ -135,13 +137,14 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
 
 
 def _rotary_caches(g: _Graph, storage: np.dtype) -> list[tuple[str, str]]:
-    """Per layer, GroupQueryAttention's ``cos_cache`` and ``sin_cache`` [max_pos, d / 2]
-    in the package dtype: a sliding layer's at ``rope_local_base_freq`` where one is set."""
+    """Per layer, GroupQueryAttention's ``cos_cache`` and ``sin_cache`` [max_pos,
+    rotated / 2] in the package dtype (the kernel turns as many values as they say): a
+    sliding layer's at ``rope_local_base_freq`` where one is set."""
     c = g.config
 
     def caches(config: LlamaConfig, suffix: str) -> tuple[str, str]:
-        cos, sin = rope_tables(config)  # [max_pos, d] float32, halves duplicated
-        half = c.head_dim // 2
+        cos, sin = rope_tables(config)  # [max_pos, rotated] float32, halves duplicated
+        half = c.rotated_dim // 2
         return (g.weight(f"speculant.rope.cos_cache{suffix}", cos[:, :half].astype(storage)),
                 g.weight(f"speculant.rope.sin_cache{suffix}", sin[:, :half].astype(storage)))
 

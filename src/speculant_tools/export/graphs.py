@@ -153,13 +153,17 @@ class _Graph(GraphBuilder, Variations):
         return self.unsqueeze(cos, [1], "cos"), self.unsqueeze(sin, [1], "sin")
 
     def rotate(self, x32: str, rope: tuple[str, str]) -> str:
-        """``x * cos + rotate_half(x) * sin`` on ``[b, heads, s, head_dim]`` float32."""
-        half = self.config.head_dim // 2
-        first = self.slice_last(x32, 0, half, -1, "x1")
-        second = self.slice_last(x32, half, self.config.head_dim, -1, "x2")
+        """``x * cos + rotate_half(x) * sin`` on ``[b, heads, s, head_dim]`` float32: on the
+        first ``rotated_dim`` values, the rest passed as they are."""
+        d, r = self.config.head_dim, self.config.rotated_dim
+        turned = x32 if r == d else self.slice_last(x32, 0, r, -1, "x_rot")
+        first = self.slice_last(turned, 0, r // 2, -1, "x1")
+        second = self.slice_last(turned, r // 2, r, -1, "x2")
         rotated = self.op("Concat", [self.op("Neg", [second]), first], "rot", axis=-1)
-        return self.op("Add", [self.op("Mul", [x32, rope[0]]),
-                               self.op("Mul", [rotated, rope[1]])], "roped")
+        roped = self.op("Add", [self.op("Mul", [turned, rope[0]]),
+                                self.op("Mul", [rotated, rope[1]])], "roped")
+        return roped if r == d else self.op(
+            "Concat", [roped, self.slice_last(x32, r, d, -1, "x_pass")], "roped_all", axis=-1)
 
     def heads(self, x: str, num_heads: int) -> str:
         """``[b, s, heads * head_dim]`` -> ``[b, heads, s, head_dim]``."""
@@ -199,14 +203,15 @@ class _Graph(GraphBuilder, Variations):
         reads KV head ``h // groups``, scaled by ``1 / sqrt(d)``, no causal term (each node
         one kernel where the graph runs; the explicit form is ~25)."""
         c = self.config
-        cos_table, sin_table = rope_tables(c)  # [max_ctx, d], halves duplicated
-        half = c.head_dim // 2
+        cos_table, sin_table = rope_tables(c)  # [max_ctx, rotated], halves duplicated
+        half = c.rotated_dim // 2
         dtype = NUMPY_TYPES[self.dtype]
         cos = self.weight("speculant.rope.cos_half", cos_table[:, :half].astype(dtype))
         sin = self.weight("speculant.rope.sin_half", sin_table[:, :half].astype(dtype))
         q = self.linear(h, f"{prefix}.self_attn.q_proj.weight")  # [b, s, H * d]
+        partial = {} if c.rotary_dim is None else {"rotary_embedding_dim": c.rotary_dim}
         q = self.op("RotaryEmbedding", [q, cos, sin, position_ids], "rope",
-                    num_heads=c.num_attention_heads)
+                    num_heads=c.num_attention_heads, **partial)
         context = self.op("Attention", [self.heads(q, c.num_attention_heads), keys, values,
                                         "", "", "", lengths], "attend", is_causal=0)
         context = self.op("Transpose", [context], "bshd", perm=[0, 2, 1, 3])

@@ -17,9 +17,9 @@ Gemma 2     embeddings * sqrt(hidden), RMSNorm by (1 + w), GeGLU (gelu tanh), sa
             norms (``post_norms``), attention and final logit soft caps,
             ``query_pre_attn_scalar``, sliding layers 0, 2, 4, ... (window), tied head
 Gemma 3     Gemma 2's, without the soft caps, with QK norms, 5 sliding layers to 1 global,
-            sliding layers' RoPE at ``rope_local_base_freq``
-Phi-3       q/k/v and gate/up fused in the checkpoint (split here), an untied head,
-            every layer sliding where ``sliding_window`` is set (Phi-3-mini-4k: 2047)
+            sliding layers' RoPE at ``rope_local_base_freq``, global layers' scaled (4B-27B)
+Phi-3       q/k/v and gate/up fused (split here), an untied head, partial rotary (Phi-4-mini),
+            sliding where ``sliding_window`` is set (mini-4k: 2047), longrope (short factors)
 ==========  ==========================================================================
 
 ``dynamic`` RoPE scaling reads as plain RoPE with the context capped at the original one:
@@ -136,50 +136,72 @@ def _hf_gemma(data: Mapping[str, Any], sizes: dict[str, Any], *, pattern: int
 
 
 def _hf_gemma2(data: Mapping[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
-    _refuse_rope_scaling(data, ("rope_scaling", "rope_parameters"))
-    return _hf_gemma(data, sizes, pattern=2)
+    return {**_hf_gemma(data, sizes, pattern=2), "rope_scaling": _rope_scaling(data, sizes, ())}
 
 
 def _hf_gemma3(data: Mapping[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
     """Gemma 3's RoPE: ``rope_parameters`` per layer type (transformers 5), or the older
     ``rope_theta`` (global, default 1e6), ``rope_local_base_freq`` (default 1e4) and
-    ``rope_scaling`` (global layers only)."""
+    ``rope_scaling`` (global layers only: linear, factor 8 in the 4B, 12B and 27B)."""
     rope = data.get("rope_parameters") or {}
     full, local = rope.get(FULL) or {}, rope.get(SLIDING) or {}
-    for path, params in (("rope_scaling", data.get("rope_scaling")),
-                         (f"rope_parameters.{FULL}", full), (f"rope_parameters.{SLIDING}", local)):
-        if _rope_type(params) != "default":
-            raise Refusal(f"{path}.rope_type", _rope_type(params),
-                          "Gemma 3's rope scaling (the 4B, 12B and 27B models: linear, factor "
-                          "8) is not exported yet", "Gemma 3 1B (no rope scaling) imports")
+    if _rope_type(local) != "default":
+        raise Refusal(f"rope_parameters.{SLIDING}.rope_type", _rope_type(local),
+                      "Gemma 3's sliding layers rotate with plain RoPE", expected="default")
+    scaled = {"rope_scaling": data.get("rope_scaling")} if _rope_type(full) == "default" \
+        else {"rope_parameters": full}  # the global layers' scaling
     variations = _hf_gemma(data, sizes, pattern=6)
-    variations.update(qk_norm=True, rope_local_base_freq=float(
+    variations.update(qk_norm=True, rope_scaling=_rope_scaling(scaled, sizes, ("linear",)),
+                      rope_local_base_freq=float(
         local.get("rope_theta") or data.get("rope_local_base_freq") or 10000.0))
     sizes["rope_theta"] = float(full.get("rope_theta") or data.get("rope_theta") or 1e6)
     return variations
 
 
 def _hf_phi3(data: Mapping[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
-    _refuse_rope_scaling(data, ("rope_scaling", "rope_parameters"),
-                         remedy="Phi-3-mini-4k (no rope scaling) imports; the 128k models' "
-                                "longrope (su) scaling is not exported yet")
     _check(data, "hidden_act", "silu", "silu")
     _check(data, "attention_bias", False, False)
-    factor = (data.get("rope_parameters") or {}).get("partial_rotary_factor",
-                                                     data.get("partial_rotary_factor", 1.0))
-    if factor != 1.0:
-        raise Refusal("partial_rotary_factor", factor, "partial rotary (Phi-3.5/Phi-4 mini) "
-                      "is not exported", "Phi-3-mini-4k imports")
+    key, rope = _rope_parameters(data)
+    rotary = _rotary_dim(data, rope, sizes)
+    scaling = _longrope(key, rope, data, sizes, rotary or sizes["head_dim"]) \
+        if _rope_type(rope) in ("longrope", "su") else _rope_scaling(data, sizes, ())
     return {"tie_word_embeddings": bool(data.get("tie_word_embeddings", False)),
-            "sliding_window": data.get("sliding_window")}
+            "sliding_window": data.get("sliding_window"), "rope_scaling": scaling,
+            "rotary_dim": rotary}
 
 
-def _refuse_rope_scaling(data: Mapping[str, Any], keys: tuple[str, ...], remedy: str = ""
-                         ) -> None:
-    for key in keys:
-        if _rope_type(data.get(key)) != "default":
-            raise Refusal(f"{key}.rope_type", _rope_type(data.get(key)),
-                          "rope scaling is not exported for this family", remedy)
+def _rotary_dim(data: Mapping[str, Any], rope: Mapping[str, Any], sizes: dict[str, Any]
+                ) -> int | None:
+    """Partial rotary's turned values, ``int(head_dim * factor)`` (None: all), as transformers."""
+    factor = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0))
+    if not isinstance(factor, int | float) or not 0 < factor <= 1:
+        raise Refusal("partial_rotary_factor", factor, "not a fraction", expected="(0, 1]")
+    rotary = int(sizes["head_dim"] * factor)
+    return None if rotary == sizes["head_dim"] else rotary
+
+
+def _longrope(key: str, rope: dict[str, Any], data: Mapping[str, Any],
+              sizes: dict[str, Any], rotated: int) -> RopeScaling:
+    """Phi-3's longrope (``su``) as transformers computes it up to
+    ``original_max_position_embeddings`` tokens: the short factors, the attention factor
+    ``sqrt(1 + log(s) / log(original))`` (s = max / original; 1 where s <= 1) unless the
+    config gives one; the context (``sizes``) capped at the original (the long factors,
+    taken beyond it, need a table per length)."""
+    original = rope.get("original_max_position_embeddings",
+                        data.get("original_max_position_embeddings"))
+    short = rope.get("short_factor")
+    if not isinstance(original, int) or original < 2:
+        raise Refusal("original_max_position_embeddings", original, "longrope needs the "
+                      "original context", "complete config.json from the model card", "int")
+    if not isinstance(short, list) or len(short) != rotated // 2:
+        raise Refusal(f"{key}.short_factor", short, "longrope needs one short factor per "
+                      "rotated pair", expected=f"{rotated // 2} numbers")
+    scale = sizes["max_position_embeddings"] / original
+    attention = rope.get("attention_factor") or (
+        math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+    sizes["max_position_embeddings"] = min(sizes["max_position_embeddings"], original)
+    return RopeScaling("longrope", frequency_factors=tuple(short),
+                       attention_factor=float(attention))
 
 
 # -- Llama, Mistral, Qwen 2/2.5, Qwen 3 ------------------------------------------------------
@@ -195,16 +217,13 @@ def _hf_llama_like(data: Mapping[str, Any], sizes: dict[str, Any], *, tied: bool
     ``every_layer`` (Mistral) or ``upper_layers`` (Qwen, :func:`_qwen_window`)."""
     _check(data, "mlp_bias", False, False)
     _check(data, "hidden_act", "silu", "silu")
-    rope = _rope_parameters(data)[1]
-    factor = rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0))
-    if factor != 1.0:
-        raise Refusal("partial_rotary_factor", factor, "partial rotary is not exported",
-                      "docs/models.md lists what imports", "1.0")
+    rotary = _rotary_dim(data, _rope_parameters(data)[1], sizes)
     bias = bool(data.get("attention_bias", False))
     variations = {"tie_word_embeddings": bool(data.get("tie_word_embeddings", tied)),
                   "attention_bias": bias if qkv_bias is None else qkv_bias,
                   "attention_output_bias": bias if output_bias is None else output_bias,
-                  "qk_norm": qk_norm, "rope_scaling": _rope_scaling(data, sizes)}
+                  "qk_norm": qk_norm, "rope_scaling": _rope_scaling(data, sizes),
+                  "rotary_dim": rotary}
     if window == "every_layer":  # MistralConfig's default window where config.json has none
         variations["sliding_window"] = data.get("sliding_window", 4096)
     elif window == "upper_layers":
@@ -221,9 +240,10 @@ def _rope_parameters(data: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     return key, dict(rope) if isinstance(rope, Mapping) else {}
 
 
-def _rope_scaling(data: Mapping[str, Any], sizes: dict[str, Any]) -> RopeScaling | None:
-    """linear and llama3 as :class:`RopeScaling`; ``dynamic`` as plain RoPE, the context
-    (``sizes``) capped at the original one; any other type refused."""
+def _rope_scaling(data: Mapping[str, Any], sizes: dict[str, Any],
+                  kinds: tuple[str, ...] = ("linear", "llama3")) -> RopeScaling | None:
+    """``kinds`` (linear, llama3) as :class:`RopeScaling`; ``dynamic`` as plain RoPE, the
+    context (``sizes``) capped at the original one; any other type refused."""
     key, rope = _rope_parameters(data)
     kind = _rope_type(rope)
     original = rope.get("original_max_position_embeddings",
@@ -234,9 +254,9 @@ def _rope_scaling(data: Mapping[str, Any], sizes: dict[str, Any]) -> RopeScaling
         sizes["max_position_embeddings"] = min(sizes["max_position_embeddings"],
                                                original or sizes["max_position_embeddings"])
         return None
-    if kind not in ("linear", "llama3"):
+    if kind not in kinds:
         raise Refusal(f"{key}.rope_type", kind, f"RoPE scaling {kind!r} is not exported",
-                      ROPE_REMEDY, "default, linear, dynamic or llama3")
+                      ROPE_REMEDY, " or ".join(("default", "dynamic", *kinds)))
     needed = ("factor",) if kind == "linear" else ("factor", "low_freq_factor",
                                                    "high_freq_factor")
     values = {name: rope.get(name) for name in needed}
@@ -363,7 +383,7 @@ FAMILIES = (  # export-hf writes a configuration as the first family that expres
     Family("Gemma 2", "gemma2", "Gemma2ForCausalLM", "gemma2", _hf_gemma2, _gguf_gemma2,
            gguf_layer_names=GEMMA_GGUF_NAMES),
     Family("Gemma 3", "gemma3_text", "Gemma3ForCausalLM", "gemma3", _hf_gemma3, _gguf_gemma3,
-           gguf_layer_names=GEMMA_GGUF_NAMES),
+           gguf_layer_names=GEMMA_GGUF_NAMES, has_rope_scaling=True),  # global layers' only
     Family("Phi-3", "phi3", "Phi3ForCausalLM", "phi3", _hf_phi3, _gguf_phi3, is_fused=True,
            gguf_layer_names={"attn_qkv.weight": "self_attn.qkv_proj.weight",
                              "ffn_up.weight": "mlp.gate_up_proj.weight"}),
@@ -411,9 +431,9 @@ def config_to_hf(config: Config) -> dict[str, Any]:
             raise Refusal(name, value, "export-hf writes Llama, Mistral and Qwen "
                           "configurations; this variation is none of theirs", remedy)
     scaling = config.rope_scaling
-    if scaling is not None and scaling.rope_type == "factors":
-        raise Refusal("rope_scaling", scaling.rope_type, "a GGUF's per-frequency RoPE "
-                      "factors have no config.json form", remedy)
+    if scaling is not None and scaling.rope_type in ("factors", "longrope"):
+        raise Refusal("rope_scaling", scaling.rope_type, "per-frequency RoPE factors (a "
+                      "GGUF's, longrope's one set) have no config.json form", remedy)
     rope = None if scaling is None else {"rope_type": scaling.rope_type, **{
         key: value for key, value in vars(scaling).items()
         if key != "rope_type" and value is not None}}

@@ -46,6 +46,8 @@ from speculant_tools.importers.gguf_vocab import build_tokenizer, default_add_bo
 ARCHITECTURES = tuple(BY_GGUF_ARCH)
 FAMILIES_REMEDY = "docs/models.md lists the families and fields that import"
 ROPE_FREQS = "rope_freqs.weight"  # llama3 scaling: frequency i divided by rope_freqs[i]
+# longrope (Phi-3 128k): the short factors are baked, the long ones not read
+LONGROPE = ("rope_factors_short.weight", "rope_factors_long.weight")
 ROPE_REMEDY_GGUF = ("remove the scaling keys to run the model at its original context: "
                     "gguf-new-metadata --remove-metadata {key} IN OUT (the gguf package), "
                     "or import the Hugging Face folder after: " + ROPE_REMEDY)
@@ -74,7 +76,8 @@ CONFIG_KEYS = {  # LlamaConfig field -> the GGUF key it is read from
     "num_attention_heads": "{arch}.attention.head_count",
     "num_key_value_heads": "{arch}.attention.head_count_kv",
     "intermediate_size": "{arch}.feed_forward_length",
-    "max_position_embeddings": "{arch}.context_length"}
+    "max_position_embeddings": "{arch}.context_length",
+    "rotary_dim": "{arch}.rope.dimension_count"}
 
 
 def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -185,8 +188,11 @@ def read_gguf(path: str | Path, progress: Progress | None = None) -> Checkpoint:
                             arch, " or ".join(ARCHITECTURES), remedy=FAMILIES_REMEDY)
     family = BY_GGUF_ARCH[arch]
     config = _config(fields, arch, family, reader.tensors)
-    tensors = _checked_tensors([t for t in reader.tensors if t.name != ROPE_FREQS
-                                or not family.has_rope_scaling], config, fields)
+    scaled = {ROPE_FREQS} if family.has_rope_scaling else set()
+    if config.rope_scaling is not None and config.rope_scaling.rope_type == "longrope":
+        scaled.update(LONGROPE)
+    tensors = _checked_tensors([t for t in reader.tensors if t.name not in scaled],
+                               config, fields)
     weights, kept = _weights(tensors, config, file, progress,
                              permuted=family.gguf_permutes_qk)
     if family.is_fused:
@@ -200,10 +206,10 @@ def read_gguf(path: str | Path, progress: Progress | None = None) -> Checkpoint:
                       **_tokenizer(fields, config))
 
 
-def _rope_scaling(fields: _Fields, arch: str, tensors: list[Any], head_dim: int
+def _rope_scaling(fields: _Fields, arch: str, tensors: list[Any], rotated: int
                   ) -> RopeScaling | None:
     """Linear scaling from ``rope.scaling.type``/``factor``; llama3's as the per-frequency
-    divisors llama.cpp's converter writes in ``rope_freqs.weight``."""
+    divisors llama.cpp's converter writes in ``rope_freqs.weight`` (``rotated`` / 2)."""
     key = f"{arch}.rope.scaling.type"
     scaling = fields.text(key, "none")
     if scaling not in ("none", "linear"):
@@ -216,16 +222,36 @@ def _rope_scaling(fields: _Fields, arch: str, tensors: list[Any], head_dim: int
         return RopeScaling("linear", factor=factor) if scaling == "linear" and factor != 1.0 \
             else None
     tensor = frequencies[0]
-    if tensor.tensor_type.name != "F32" or [int(n) for n in tensor.shape] != [head_dim // 2]:
+    if tensor.tensor_type.name != "F32" or [int(n) for n in tensor.shape] != [rotated // 2]:
         raise fields.refuse(f"tensors.{ROPE_FREQS}", "the RoPE frequency factors must be one "
-                            "F32 row of head_dim / 2 values", (tensor.tensor_type.name,
-                            [int(n) for n in tensor.shape]), f"F32 [{head_dim // 2}]")
+                            "F32 row of one value per rotated pair", (tensor.tensor_type.name,
+                            [int(n) for n in tensor.shape]), f"F32 [{rotated // 2}]")
     if scaling == "linear" and factor != 1.0:
         raise fields.refuse(key, "linear scaling and rope_freqs.weight together", scaling,
                             "one of them")
     with np.errstate(all="ignore"):  # non-finite factors: refused by RopeScaling
         divisors = tuple(float(x) for x in np.asarray(tensor.data, np.float32).reshape(-1))
     return RopeScaling("factors", frequency_factors=divisors)
+
+
+def _longrope(fields: _Fields, arch: str, tensors: list[Any], sizes: dict[str, Any]
+              ) -> RopeScaling:
+    """llama.cpp's longrope (Phi-3 128k) up to ``rope.scaling.original_context_length``:
+    ``rope_factors_short.weight``'s divisors, ``rope.scaling.attn_factor`` on cos and sin
+    (the converter's sqrt(1 + log(s) / log(original))), the context (``sizes``) capped at
+    the original, as the Hugging Face import reads the same model."""
+    tensor = next(t for t in tensors if t.name == LONGROPE[0])
+    half = (fields.count(f"{arch}.rope.dimension_count", None) or sizes["head_dim"]) // 2
+    if tensor.tensor_type.name != "F32" or [int(n) for n in tensor.shape] != [half]:
+        raise fields.refuse(f"tensors.{LONGROPE[0]}", "the longrope short factors must be one "
+                            "F32 row of head_dim / 2 values", (tensor.tensor_type.name,
+                            [int(n) for n in tensor.shape]), f"F32 [{half}]")
+    original = fields.count(f"{arch}.rope.scaling.original_context_length")
+    sizes["max_position_embeddings"] = min(sizes["max_position_embeddings"], original)
+    with np.errstate(all="ignore"):  # non-finite factors: refused by RopeScaling
+        factors = tuple(float(x) for x in np.asarray(tensor.data, np.float32).reshape(-1))
+    return RopeScaling("longrope", frequency_factors=factors, attention_factor=fields.positive(
+        f"{arch}.rope.scaling.attn_factor", 1.0))
 
 
 def _config(fields: _Fields, arch: str, family: Family, tensors: list[Any]) -> LlamaConfig:
@@ -244,10 +270,14 @@ def _config(fields: _Fields, arch: str, family: Family, tensors: list[Any]) -> L
         raise fields.refuse(f"{arch}.attention.head_count", "more attention heads than the "
                             "embedding has values (and no attention.key_length)", heads,
                             f"at most {hidden} (embedding_length)")
-    for key in (f"{arch}.rope.dimension_count", f"{arch}.attention.value_length"):
-        if fields.count(key, head_dim) != head_dim:
-            raise fields.refuse(key, "partial rotary or a value width other than the key's is "
-                                "not supported", fields.count(key), str(head_dim), remedy="")
+    key = f"{arch}.attention.value_length"
+    if fields.count(key, head_dim) != head_dim:
+        raise fields.refuse(key, "a value width other than the key's is not supported",
+                            fields.count(key), str(head_dim), remedy="")
+    rotary = fields.count(f"{arch}.rope.dimension_count", head_dim)  # partial rotary: fewer
+    if rotary != head_dim and family.gguf_permutes_qk:  # rows interleaved over the head
+        raise fields.refuse(f"{arch}.rope.dimension_count", "partial rotary is not supported "
+                            "for this architecture", rotary, str(head_dim), remedy="")
     tokens = fields.texts("tokenizer.ggml.tokens")
     sizes: dict[str, Any] = {"vocab_size": fields.count(f"{arch}.vocab_size", len(tokens)),
              "hidden_size": hidden, "num_attention_heads": heads, "head_dim": head_dim,
@@ -259,16 +289,20 @@ def _config(fields: _Fields, arch: str, family: Family, tensors: list[Any]) -> L
     variations = {"attention_bias": "blk.0.attn_q.bias" in names,
                   "attention_output_bias": "blk.0.attn_output.bias" in names,
                   "tie_word_embeddings": "output.weight" not in names,
+                  "rotary_dim": None if rotary == head_dim else rotary,
                   **family.gguf_variations(fields, arch, sizes)}
     if family.has_rope_scaling:
-        variations["rope_scaling"] = _rope_scaling(fields, arch, tensors, head_dim)
+        variations["rope_scaling"] = _rope_scaling(fields, arch, tensors, rotary)
+    if LONGROPE[0] in names:
+        variations["rope_scaling"] = _longrope(fields, arch, tensors, sizes)
     try:
         return LlamaConfig(**sizes, rms_norm_eps=_float32(
             fields, f"{arch}.attention.layer_norm_rms_epsilon"), rope_theta=_float32(
             fields, f"{arch}.rope.freq_base", 10000.0), **variations)
     except ExportError as error:
         field = error.paths[0].removeprefix("config.").split(".")[0]
-        key = f"tensors.{ROPE_FREQS}" if field == "rope_scaling" else CONFIG_KEYS.get(
+        frequencies = LONGROPE[0] if LONGROPE[0] in names else ROPE_FREQS
+        key = f"tensors.{frequencies}" if field == "rope_scaling" else CONFIG_KEYS.get(
             field, "").format(arch=arch)
         raise fields.refuse(key, f"{error}", remedy="") from None
 

@@ -3,9 +3,12 @@
 ``tokenizer_config.json`` (copied as it is: chat template, BOS, EOS). The families of
 :mod:`~speculant_tools.importers.families` by ``model_type`` (fused weights split there).
 Old checkpoints' saved rotary buffers (``rotary_emb.inv_freq``) are skipped: the graph
-computes RoPE itself. ``config.json``'s sizes are checked against the tensors the safetensors
-headers declare before any tensor is read (:func:`_check_sizes`), so memory stays bounded by
-the weights present whatever the sizes claim."""
+computes RoPE itself. A Gemma 3 multimodal folder (``Gemma3ForConditionalGeneration``) is
+read as its text model: ``text_config`` over :data:`GEMMA3_TEXT_DEFAULTS`, the weights under
+``language_model.`` renamed, the vision tower and projector not read. ``config.json``'s sizes
+are checked against the tensors the safetensors headers declare before any tensor is read
+(:func:`_check_sizes`), so memory stays bounded by the weights present whatever the sizes
+claim."""
 
 from __future__ import annotations
 
@@ -50,6 +53,37 @@ class Header:
     file: Path
     dtype: str  # safetensors' name: F32, BF16, ...
     shape: tuple[int, ...]
+    stored: str  # the name in the file (a multimodal checkpoint's prefixed name)
+
+
+# Gemma3TextConfig's defaults, which a multimodal config.json's text_config omits
+GEMMA3_TEXT_DEFAULTS = {
+    "model_type": "gemma3_text", "vocab_size": 262_208, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+    "tie_word_embeddings": True}
+# a multimodal checkpoint's text weights (transformers 4.49-4.51, 4.52 on) -> the text model's
+TEXT_PREFIXES = {"language_model.model.": "model.", "language_model.lm_head.": "lm_head.",
+                 "model.language_model.": "model.", "lm_head.": "lm_head."}
+
+
+def text_model(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """``data`` and no renaming, or, for a Gemma 3 multimodal ``config.json``, its text
+    model's configuration and :data:`TEXT_PREFIXES` (other weights are not read)."""
+    text = data.get("text_config")
+    if data.get("model_type") != "gemma3" or not isinstance(text, dict):
+        return data, None
+    return {**GEMMA3_TEXT_DEFAULTS, **text, "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text", "eos_token_id": data.get(
+                "eos_token_id", text.get("eos_token_id"))}, TEXT_PREFIXES
+
+
+def _renamed(name: str, prefixes: dict[str, str] | None) -> str | None:
+    if prefixes is None:
+        return name
+    prefix = next((p for p in prefixes if name.startswith(p)), None)
+    return None if prefix is None else prefixes[prefix] + name.removeprefix(prefix)
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -73,15 +107,13 @@ def read_hf_folder(folder: str | Path, progress: Progress | None = None) -> Chec
     """The checkpoint saved in ``folder`` (float32 weights)."""
     folder = Path(folder)
     config_file = folder / "config.json"
-    data = _json(config_file)
+    data, prefixes = text_model(_json(config_file))
     family = hf_family(data)
     if family is None:
         raise ImporterError("this architecture is not supported", file=str(config_file),
                             path="model_type", value=data.get("model_type"),
                             expected=" or ".join(BY_MODEL_TYPE),
-                            remedy="docs/models.md lists the families that import; a "
-                                   "Gemma 3 vision checkpoint (model_type gemma3) imports "
-                                   "as its text model saved alone (Gemma3ForCausalLM)")
+                            remedy="docs/models.md lists the families that import")
     config = _config(data, family, config_file)
     tokenizer_json = folder / "tokenizer.json"
     if not tokenizer_json.is_file():
@@ -90,7 +122,7 @@ def read_hf_folder(folder: str | Path, progress: Progress | None = None) -> Chec
     eos = data.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
-    headers = _headers(folder)
+    headers = _headers(folder, prefixes)
     _check_sizes(config, family, headers, config_file)
     weights = _safetensors(headers, progress)
     if family.is_fused:
@@ -120,9 +152,10 @@ def _config(data: dict[str, Any], family: Family, file: Path) -> LlamaConfig:
                             ) from None
 
 
-def _headers(folder: Path) -> dict[str, Header]:
+def _headers(folder: Path, prefixes: dict[str, str] | None = None) -> dict[str, Header]:
     """Every weight the folder's safetensors files declare, from their headers alone (the
-    safetensors reader refuses a header whose offsets the file's bytes do not back)."""
+    safetensors reader refuses a header whose offsets the file's bytes do not back), under
+    its text-model name (:func:`_renamed`; a weight it does not rename is not read)."""
     try:
         from safetensors import SafetensorError, safe_open
     except ModuleNotFoundError:
@@ -132,10 +165,12 @@ def _headers(folder: Path) -> dict[str, Header]:
     for path in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(path), framework="numpy") as handle:
-                for name in handle.keys():
-                    if not name.endswith(SKIPPED_SUFFIX):
-                        part = handle.get_slice(name)
-                        headers[name] = Header(path, part.get_dtype(), tuple(part.get_shape()))
+                for stored in handle.keys():
+                    name = _renamed(stored, prefixes)
+                    if name is not None and not stored.endswith(SKIPPED_SUFFIX):
+                        part = handle.get_slice(stored)
+                        headers[name] = Header(path, part.get_dtype(), tuple(part.get_shape()),
+                                               stored)
         except (SafetensorError, OSError) as error:
             raise ImporterError(f"the safetensors reader refuses the file: {error}",
                                 file=str(path), remedy="save the weights again with "
@@ -204,8 +239,9 @@ def _safetensors(headers: dict[str, Header], progress: Progress | None
         names = [name for name, header in headers.items() if header.file == path]
         with safe_open(str(path), framework="numpy") as handle:
             for index, name in enumerate(names):
-                weights[name] = (_bfloat16(path, name) if headers[name].dtype == "BF16"
-                                 else np.asarray(handle.get_tensor(name), np.float32))
+                stored = headers[name].stored
+                weights[name] = (_bfloat16(path, stored) if headers[name].dtype == "BF16"
+                                 else np.asarray(handle.get_tensor(stored), np.float32))
                 if progress is not None:
                     progress(f"reading {path.name}: {name}", index + 1, len(names))
     return weights
