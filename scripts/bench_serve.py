@@ -1,6 +1,6 @@
 """A bounded load test of `speculant serve`: N concurrent clients x M requests each.
 
-    python scripts/bench_serve.py [PACKAGE] --clients 4 --requests 8 --max-tokens 64 \
+    python scripts/bench_serve.py [PACKAGE] --clients 1,4,16 --requests 8 --max-tokens 64 \
         --config plain --config chained:2 --config prompt_lookup --out DIR
     python scripts/bench_serve.py --url http://host:8000 --model demo ...   # a running server
 
@@ -12,8 +12,11 @@ null; ``chained:4``, ``draft``, ``prompt_lookup:3``: that proposer, K drafts per
 default). Prompts are
 the package's ``val_prompts.json`` (token ids) when it has one, else ``--prompt``.
 
-Reported per config: requests/s and generated tokens/s over the pass's wall time, p50 and
-p99 time to first token (first text piece) and request latency, as the client sees them,
+Every config runs at each ``--clients`` count (``plain@4``: four clients). Reported per
+config and count: requests/s and generated tokens/s over the pass's wall time, p50 and
+p99 time to first token (first text piece), time per output token after it (TPOT) and
+request latency, per-request tokens/s (p50), aggregate tokens/s over the config's one-client
+run (× one at a time), as the client sees them,
 and the server's speculative counters (/metrics) over the pass; with a started server, the
 same requests through ``engine.generate`` in this process, one at a time, as a baseline
 without HTTP. Writes ``results.json`` and
@@ -64,19 +67,21 @@ def main() -> None:
     load_before = os.getloadavg()
     if url is None:
         server, url = _start_server(args.package, args.threads,
-                                    ABUSE_LIMITS if args.abuse else {})
+                                    ABUSE_LIMITS if args.abuse else {}, args.serve_option)
     abuse: list[dict] = []
     try:
         _wait_healthy(url)
         model = args.model or _served_model(url)
         prompts = _prompts(args)
-        passes: dict[str, list] = {config: [] for config in args.config}
+        runs = [f"{config}@{clients}" for clients in args.clients for config in args.config]
+        passes: dict[str, list] = {run: [] for run in runs}
         for _ in range(args.rounds):  # configs interleaved, so load drifts hit them alike
-            for config in args.config:
+            for config in runs:
                 passes[config].append(asyncio.run(_run_pass(url, model, config, prompts,
                                                             args)))
         results = [_summary(config, config_passes) for config, config_passes in passes.items()
                    if config_passes]
+        _add_scaling(results)
         if args.url is None and results:
             _add_engine_alone(results, prompts, args)
         if args.abuse:
@@ -103,7 +108,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("package", nargs="?", default="demo")
     parser.add_argument("--url", help="a running server (default: start one)")
     parser.add_argument("--model", help="model id (default: the server's only model)")
-    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--clients", type=lambda text: [int(n) for n in text.split(",")],
+                        default=[4], help="concurrent clients; a list (1,4,16) runs each")
     parser.add_argument("--requests", type=int, default=8, help="requests per client")
     parser.add_argument("--rounds", type=int, default=1,
                         help="passes per config, the configs taking turns")
@@ -117,6 +123,9 @@ def _parse() -> argparse.Namespace:
                              "(and of the engine-alone baseline)")
     parser.add_argument("--abuse", action="store_true",
                         help="then run the abuse cases (a started server gets ABUSE_LIMITS)")
+    parser.add_argument("--serve-option", action="append", default=[],
+                        help="an option for the started server, e.g. --serve-option=--max-batch"
+                             " --serve-option=16 (repeatable)")
     parser.add_argument("--out", default="bench-serve")
     args = parser.parse_args()
     args.config = args.config or ["plain", "chained"]
@@ -131,7 +140,7 @@ def _config(text: str) -> str:
     return text
 
 
-def _start_server(package: str, threads: int | None, limits: dict
+def _start_server(package: str, threads: int | None, limits: dict, options: list[str]
                   ) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -140,7 +149,7 @@ def _start_server(package: str, threads: int | None, limits: dict
     limit_args = [str(part) for option, value in limits.items() for part in (option, value)]
     server = subprocess.Popen([sys.executable, "-m", "speculant", "serve", package,
                                "--port", str(port), "--log-level", "error", *threads_args,
-                               *limit_args])
+                               *limit_args, *options])
     return server, f"http://127.0.0.1:{port}"
 
 
@@ -186,33 +195,38 @@ async def _run_pass(url: str, model: str, config: str, prompts: list,
                     args: argparse.Namespace) -> tuple[list[dict], float, dict[str, float]]:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
                                 timeout=600)
-    proposer, _, k = config.partition(":")
+    proposer, _, k = config.partition("@")[0].partition(":")
     extra = {"proposer": None} if proposer == "plain" else \
         {"proposer": proposer, "k": int(k) if k else None}
 
     async def one(prompt) -> dict:
         started = time.perf_counter()
-        first_at, num_tokens = None, 0
+        first_at, last_at, num_tokens = None, None, 0
         stream = await client.completions.create(
             model=model, prompt=prompt, max_tokens=args.max_tokens, stream=True,
             stream_options={"include_usage": True}, extra_body=extra)
         async for chunk in stream:
-            if chunk.choices and chunk.choices[0].text and first_at is None:
-                first_at = time.perf_counter()
+            if chunk.choices and chunk.choices[0].text:
+                last_at = time.perf_counter()
+                first_at = first_at or last_at
             if chunk.usage is not None:
                 num_tokens = chunk.usage.completion_tokens
         ended = time.perf_counter()
-        return {"ttft_s": (first_at or ended) - started, "latency_s": ended - started,
-                "num_tokens": num_tokens}
+        first_at, last_at = first_at or ended, last_at or ended
+        return {"ttft_s": first_at - started, "latency_s": ended - started,
+                "num_tokens": num_tokens,  # time per output token after the first:
+                "tpot_s": (last_at - first_at) / (num_tokens - 1) if num_tokens > 1 else None}
 
     async def client_loop(c: int) -> list[dict]:
         return [await one(prompts[(c * args.requests + r) % len(prompts)])
                 for r in range(args.requests)]
 
+    clients = int(config.rpartition("@")[2])
+
     await one(prompts[0])  # warm-up, not counted
     before = _spec_counters(url)
     started = time.perf_counter()
-    per_client = await asyncio.gather(*(client_loop(c) for c in range(args.clients)))
+    per_client = await asyncio.gather(*(client_loop(c) for c in range(clients)))
     wall = time.perf_counter() - started
     after = _spec_counters(url)
     await client.close()
@@ -229,6 +243,8 @@ def _summary(config: str, passes: list[tuple[list[dict], float, dict[str, float]
     ttft = np.array([r["ttft_s"] for r in done])
     latency = np.array([r["latency_s"] for r in done])
     num_tokens = sum(r["num_tokens"] for r in done)
+    tpot = np.array([r["tpot_s"] for r in done if r["tpot_s"] is not None] or [np.nan])
+    per_request = np.array([r["num_tokens"] / r["latency_s"] for r in done])
     spec = {name: sum(p[2][name] for p in passes) for name in passes[0][2]}
     drafts = spec["spec_decode_num_draft_tokens"]
     return {"config": config, "num_requests": len(done), "wall_s": wall,
@@ -240,8 +256,21 @@ def _summary(config: str, passes: list[tuple[list[dict], float, dict[str, float]
             "ttft_p99_ms": 1000 * float(np.percentile(ttft, 99)),
             "latency_p50_ms": 1000 * float(np.percentile(latency, 50)),
             "latency_p99_ms": 1000 * float(np.percentile(latency, 99)),
+            "tpot_p50_ms": 1000 * float(np.percentile(tpot, 50)),
+            "tpot_p99_ms": 1000 * float(np.percentile(tpot, 99)),
+            "request_tokens_per_s_p50": float(np.percentile(per_request, 50)),
             **spec, "acceptance_rate": spec["spec_decode_num_accepted_tokens"] / drafts
             if drafts else None}
+
+
+def _add_scaling(results: list[dict]) -> None:
+    """Each run's aggregate tokens/s over its config's one-client run (one-at-a-time
+    serving), where that run was made."""
+    alone = {r["config"].partition("@")[0]: r["tokens_per_s"] for r in results
+             if r["config"].endswith("@1")}
+    for r in results:
+        base = alone.get(r["config"].partition("@")[0])
+        r["x_one_at_a_time"] = r["tokens_per_s"] / base if base else None
 
 
 def _add_engine_alone(results: list[dict], prompts: list, args: argparse.Namespace) -> None:
@@ -251,9 +280,10 @@ def _add_engine_alone(results: list[dict], prompts: list, args: argparse.Namespa
     from speculant.serve import load_engine
 
     engine = load_engine(args.package, threads=args.threads)
-    num_requests = args.clients * args.requests
     for result in results:  # the same prompts as the passes: client c's r-th request
-        proposer, _, k = result["config"].partition(":")
+        config, _, clients = result["config"].partition("@")
+        num_requests = int(clients) * args.requests
+        proposer, _, k = config.partition(":")
         options = GenerationOptions(max_new_tokens=args.max_tokens,
                                     proposer=None if proposer == "plain" else proposer,
                                     k=int(k) if k else None)
@@ -443,17 +473,21 @@ def _markdown(report: dict) -> str:
              f"{report['machine']}; 1-minute load average "
              f"{report['load_average_1min']['before']:.1f} before, "
              f"{report['load_average_1min']['after']:.1f} after", "",
-             "| config | req/s | tok/s | TTFT p50 ms | TTFT p99 ms | latency p50 ms | "
+             "| config@clients | req/s | tok/s | × one at a time | tok/s per request p50 | "
+             "TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | latency p50 ms | "
              "latency p99 ms | drafts | draft tokens | accepted | acceptance | "
              "engine alone tok/s | tok/s per pass |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         rate = f"{r['acceptance_rate']:.2f}" if r["acceptance_rate"] is not None else "-"
         alone = r.get("engine_alone_tokens_per_s")
         alone = f"{alone:.1f}" if alone is not None else "-"
+        scale = f"{r['x_one_at_a_time']:.2f}×" if r.get("x_one_at_a_time") else "-"
         lines.append(
-            f"| {r['config']} | {r['requests_per_s']:.2f} | {r['tokens_per_s']:.1f} | "
-            f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {r['latency_p50_ms']:.1f} | "
+            f"| {r['config']} | {r['requests_per_s']:.2f} | {r['tokens_per_s']:.1f} | {scale} | "
+            f"{r['request_tokens_per_s_p50']:.1f} | "
+            f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {r['tpot_p50_ms']:.1f} | "
+            f"{r['tpot_p99_ms']:.1f} | {r['latency_p50_ms']:.1f} | "
             f"{r['latency_p99_ms']:.1f} | {r['spec_decode_num_drafts']:.0f} | "
             f"{r['spec_decode_num_draft_tokens']:.0f} | "
             f"{r['spec_decode_num_accepted_tokens']:.0f} | {rate} | {alone} | "
