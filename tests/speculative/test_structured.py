@@ -154,17 +154,19 @@ def spy_on_proposals(monkeypatch, proposer_class) -> list[tuple[list[int], list[
 
 
 @pytest.mark.parametrize("engine, proposer", [("demo", "prompt_lookup"), ("demo", "chained"),
-                                              ("demo_static", "chained")])
+                                              ("demo_static", "chained"), ("demo", "draft")])
 def test_drafts_under_a_grammar_are_grammar_valid_and_start_with_its_forced_run(
         request, monkeypatch, engine, proposer):
     from speculant.speculative.chained import ChainedProposer
+    from speculant.speculative.draft_model import DraftModelProposer
     from speculant.speculative.prompt_lookup import PromptLookupProposer
 
     engine = request.getfixturevalue(engine)
-    made = spy_on_proposals(monkeypatch, ChainedProposer if proposer == "chained" else
-                            PromptLookupProposer)
+    made = spy_on_proposals(monkeypatch, {"chained": ChainedProposer, "draft": DraftModelProposer,
+                                          "prompt_lookup": PromptLookupProposer}[proposer])
     plain = constrained(engine, PROMPTS[0])
-    speculative = constrained(engine, PROMPTS[0], proposer=proposer, k=4)
+    speculative = constrained(engine, PROMPTS[0], proposer=proposer,
+                              k=3 if proposer == "draft" else 4)
     assert speculative.token_ids == plain.token_ids
     assert made and all(num_valid == len(drafts) for _, drafts, num_valid in made)
     assert all(drafts[:len(forced)] == forced for forced, drafts, _ in made)

@@ -18,6 +18,8 @@ behind and its next pass consumes two.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from speculant.errors import RequestError
 from speculant.package.package import Package
 from speculant.session.graphs import OFF, GraphDecision
@@ -109,8 +111,12 @@ class DraftModelProposer:
         self.tokens: list[int] = []  # x[0..D): what the draft has consumed
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
-        """Up to ``k`` drafts, one draft-model pass each (capped by its own context)."""
-        seam, runner = state.seam, self.model.runner
+        """Up to ``k`` drafts, one draft-model pass per draft it chooses (capped by its own
+        context). Under a grammar (workflow/constraint.py) the drafts start with the tokens
+        it forces (consumed by the next pass, none run for them), each later one is chosen
+        from the pass's row masked by the grammar advanced along the drafts before it, and
+        drafting ends where the grammar can take no more."""
+        seam, constraint = state.seam, state.constraint
         # D' = C + min(a, k_r); the bytes it moves count in the decode's rollback_bytes_moved
         state.stats.rollback_bytes_moved += self._roll_back(min(len(self.tokens),
                                                                 state.consumed)) or 0
@@ -120,21 +126,40 @@ class DraftModelProposer:
         drafts: list[int] = []
         probs: list[Value] = []  # q_i = T(row i) under rejection sampling
         pending = state.tokens[len(self.tokens):state.consumed + 1]  # x[D..C]
-        for _ in range(max(k, 0)):
-            draft_pass = runner.run(pending, len(self.tokens), self.cells, self.admitted,
-                                    self.controls)
-            self.cells = draft_pass.presents  # static caches: the same buffers
-            self.tokens += pending
-            set_control(self.controls, "accepted_len", len(pending))
-            row = seam.last_along_axis(draft_pass.logits, draft_pass.logits.rank - 2)  # [1,1,V]
-            position = state.consumed + 1 + len(drafts)  # where this draft would stand
-            token, q = choose(seam, state.sampler, row, position)  # 4 bytes read back
-            drafts.append(token)
-            if q is not None:
-                probs.append(q)
-            pending = [token]
-        return Proposal(drafts, probs or None, num_invocations=len(drafts),
-                        num_scored_rows=len(drafts))
+        num_passes = 0
+        with constraint.drafting() if constraint is not None else nullcontext():
+            forced = constraint.forced_tokens(max(k, 0)) if constraint is not None and (
+                state.sampler is None or state.sampler.is_keyed) else []  # no q to return
+            for i in range(max(k, 0)):
+                if i < len(forced):
+                    token, q = forced[i], None
+                else:
+                    row = self._run(pending)
+                    num_passes += 1
+                    pending = []
+                    position = state.consumed + 1 + i  # where this draft would stand
+                    token, q = choose(seam, state.sampler, row, position,
+                                      constraint)  # 4 bytes read back
+                if constraint is not None and not constraint.advance(token):
+                    break
+                drafts.append(token)
+                if q is not None:
+                    probs.append(q)
+                pending.append(token)
+                if constraint is not None and constraint.is_finished:
+                    break
+        return Proposal(drafts, probs or None, num_invocations=num_passes,
+                        num_scored_rows=num_passes)
+
+    def _run(self, pending: list[int]) -> Value:
+        """One draft-model pass consuming ``pending``; its last row [1, 1, V]."""
+        seam = self.model.seam
+        draft_pass = self.model.runner.run(pending, len(self.tokens), self.cells,
+                                           self.admitted, self.controls)
+        self.cells = draft_pass.presents  # static caches: the same buffers
+        self.tokens += pending
+        set_control(self.controls, "accepted_len", len(pending))
+        return seam.last_along_axis(draft_pass.logits, draft_pass.logits.rank - 2)
 
     def _roll_back(self, length: int) -> int:
         """Keep the first ``length`` consumed positions (the draft's own rollback); returns
