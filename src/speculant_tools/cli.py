@@ -25,6 +25,27 @@ QUANTIZE_DRAFTER_HELP = ("int4: the chained drafter's linear layers as ONNX Runt
 CACHE_HELP = ("The KV caches' form: appended (past in, longer present out) or static "
               "(fixed-capacity buffers written in place; docs/design/static-cache.md). "
               "Default: the source package's.")
+BATCH_HELP = ("Also write the target's batched pass of up to N requests' rows "
+              "(target/batched.onnx; static caches only; docs/design/batching.md).")
+BatchOpt = Annotated[str | None, typer.Option("--batch", metavar="N", help=BATCH_HELP)]
+SourceBatchOpt = Annotated[str | None, typer.Option(
+    "--batch", metavar="N", help=BATCH_HELP + " Default: the source package's, where the "
+    "caches stay static.")]
+
+
+def batch_rows(text: str | None) -> int | None:
+    """``--batch N`` as a row count (the writers check its range); text that is no integer
+    is an ExportError naming the flag, the value and the remedy."""
+    from speculant_tools.export.errors import ExportError
+
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ExportError("--batch takes a number of rows >= 1", path="batch", value=text,
+                          remedy="--batch 16, or leave --batch out for a batch-1 package"
+                          ) from None
 
 
 @tools.command()
@@ -36,13 +57,14 @@ def convert(
     graph: Annotated[str, typer.Option(help=GRAPH_HELP)] = "auto",
     cache: Annotated[str | None, typer.Option(help=CACHE_HELP)] = None,
     quantize_drafter: Annotated[str | None, typer.Option(help=QUANTIZE_DRAFTER_HELP)] = None,
+    batch: SourceBatchOpt = None,
 ) -> None:
     """Rebuild an exported package's graphs in another dtype (or cache form)."""
     from speculant_tools.export import convert as convert_package
 
     try:
         convert_package(package, out, dtype=dtype, graph=graph, cache=cache,
-                        quantize_drafter=quantize_drafter)
+                        quantize_drafter=quantize_drafter, batch=batch_rows(batch))
     except SpeculantError as error:
         fail(error)
         return
@@ -94,6 +116,7 @@ def scale_target(
              "32/8 heads of 64, MLP 8192), zero-padded to keep the function.")] = None,
     cache: Annotated[str | None, typer.Option(help=CACHE_HELP)] = None,
     quantize_drafter: Annotated[str | None, typer.Option(help=QUANTIZE_DRAFTER_HELP)] = None,
+    batch: SourceBatchOpt = None,
 ) -> None:
     """Derive a cost-scaled pair with the trained pair's function: wider MLPs, more layers
     (or, with --shape, every dimension of a real model)."""
@@ -104,7 +127,7 @@ def scale_target(
         result = scale(package, out, params, num_layers=layers,
                        intermediate_size=intermediate, seed=seed, external_data=external_data,
                        check_tokens=check_tokens, graph=graph, shape=shape, cache=cache,
-                       quantize_drafter=quantize_drafter)
+                       quantize_drafter=quantize_drafter, batch=batch_rows(batch))
     except SpeculantError as error:
         fail(error)
         return
@@ -139,6 +162,7 @@ def import_command(
     max_proposal_width: Annotated[int | None, typer.Option(
         help="With a speculators head: the largest k (default: its speculative_tokens).")
     ] = None,
+    batch: BatchOpt = None,
 ) -> None:
     """Write a speculant package from a GGUF file or a model folder, or a speculators EAGLE
     head beside its target's package (--target)."""
@@ -146,10 +170,11 @@ def import_command(
     from speculant_tools.progress import import_progress
 
     try:
+        rows = batch_rows(batch)
         with import_progress(f"importing {source}") as progress:
             import_model(source, out, dtype=dtype, quantize=quantize, graph=graph,
                          cache=cache, target=target, max_proposal_width=max_proposal_width,
-                         progress=progress)
+                         batch=rows, progress=progress)
     except SpeculantError as error:
         fail(error)
         return

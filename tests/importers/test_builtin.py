@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import yaml
 from gguf_models import CONFIG, TYPES
 from typer.testing import CliRunner
 
@@ -333,3 +334,33 @@ def test_cli_import_and_a_builtin_name_as_the_package(smollm2, gguf_path, tmp_pa
                                  "--max-new-tokens", "4"])
     assert result.exit_code == 0, result.output
     assert len(smollm2) == 1
+
+
+def test_smollm2_with_batch_is_a_folder_of_its_own_with_the_batched_pass(smollm2, monkeypatch,
+                                                                        tmp_path):
+    """``smollm2(batch=N)`` (docs/design/batching.md): another cache key, the target's batched
+    pass beside the pair (its GGUF blocks kept as the batch-1 graph's), the drafter's own
+    artifact declared for ``B`` rows; a bad ``batch`` is refused before anything is built."""
+    from speculant_tools.export.errors import ExportError
+    from static_cache.static_driver import batched_against_alone
+
+    monkeypatch.setattr(builtin, "DRAFTER_DIR", write_drafter(tmp_path / "drafter"))
+    plain, batched = builtin.smollm2("cpu"), builtin.smollm2("cpu", batch=4)
+    assert plain != batched and len(smollm2) == 2
+    assert not (plain / "target" / "batched.onnx").exists()
+    document = yaml.safe_load((batched / "inference_metadata.yaml").read_text())
+    update = document["pipeline"]["workflow"]["serving"]["state_service"]["groups"][
+        "attention"]["update"]
+    assert update["batch"]["artifacts"] == {"target": "target/batched.onnx",
+                                            "assistant": "assistant/model.onnx"}
+    kept = [n for n in onnx.load(str(batched / "target" / "batched.onnx")).graph.node
+            if n.op_type == "MatMulNBits"]
+    assert len(kept) == 4  # the tiny GGUF's Q4_0 layers, two per layer
+    assert max(batched_against_alone(batched, [[3, 4, 5], [], [6, 7]])) < 1e-4
+    assert speculant.load(batched).generate([3, 4, 5], 6, stop_on_eos=False).token_ids == \
+        speculant.load(plain).generate([3, 4, 5], 6, stop_on_eos=False).token_ids
+    for bad in (0, True, 2.5):
+        with pytest.raises(ExportError) as caught:
+            builtin.smollm2("cpu", batch=bad)
+        assert caught.value.problems[0].path == "batch"
+    assert len(smollm2) == 2

@@ -266,3 +266,20 @@ class BatchedTarget:
         c = self.config
         return np.stack([np.stack([self.buffers[i, part].numpy() for part in ("key", "value")])
                          for i in range(c.num_hidden_layers)])
+
+
+def batched_against_alone(root: Path, blocks: list[list[int]], capacity: int = 24,
+                          component: str = "target") -> list[float]:
+    """One ragged pass of ``{component}/batched.onnx`` over ``blocks`` (every row at length
+    0, its buffers zero) beside each row's pass alone on ``{component}/model.onnx``: the
+    largest |Δ| of each row's logits (0.0 for an empty, padding row). The check a command's
+    output gets that its batched graph computes with the batch-1 graph's weights."""
+    root = Path(root)
+    session = _session(root / component / "batched.onnx")
+    c = _config(session)
+    fill = np.zeros((c.num_hidden_layers, 2, len(blocks), c.num_key_value_heads, capacity,
+                     c.head_dim))
+    rows = BatchedTarget(root / component / "batched.onnx", len(blocks), capacity,
+                         fill).run(blocks)
+    return [float(np.abs(row - StaticTarget(root, capacity, component).run(block)).max())
+            if block else 0.0 for row, block in zip(rows, blocks, strict=True)]

@@ -41,7 +41,8 @@ def test_the_batch1_graphs_are_the_static_packages(batched_pair, pairs):
     document = yaml.safe_load((batched_pair / "inference_metadata.yaml").read_text())
     update = document["pipeline"]["workflow"]["serving"]["state_service"]["groups"][
         "attention"]["update"]
-    assert update["batch"] == {"max_rows": 4, "artifacts": {"target": "target/batched.onnx"},
+    assert update["batch"] == {"max_rows": 4, "artifacts": {"target": "target/batched.onnx",
+                                                            "assistant": "assistant/model.onnx"},
                                "block_lengths_ports": {"target": "block_lengths"}}
 
 
@@ -60,7 +61,8 @@ def test_it_decodes_at_batch_1_and_its_batched_graph_batches(batched_pair, pairs
 
 
 def test_inspect_says_how_many_rows(batched_pair, pairs):
-    assert inspect(batched_pair)["batch"] == "up to 4 rows (target/batched.onnx)"
+    assert inspect(batched_pair)["batch"] == \
+        "up to 4 rows (target/batched.onnx, assistant/model.onnx)"
     assert inspect(pairs["scatter-float32", "static"])["batch"] == "1 only"
     text = CliRunner().invoke(full_app(), ["inspect", str(batched_pair)]).stdout
     assert "batch" in text and "up to 4 rows" in text

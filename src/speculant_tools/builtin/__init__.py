@@ -79,7 +79,7 @@ def smollm2_gguf(download: bool = True) -> Path:
         return fetch(cache_root(), SMOLLM2, progress)
 
 
-def smollm2(device: str = "cpu") -> Path:
+def smollm2(device: str = "cpu", batch: int | None = None) -> Path:
     """The folder of the built-in ``smollm2`` package for ``device``, imported into the cache
     on first use: on the CPU with ONNX Runtime's fused float32 kernels (GroupQueryAttention,
     where the model's head width allows it: a multiple of 16, as SmolLM2's 64; greedy
@@ -90,7 +90,11 @@ def smollm2(device: str = "cpu") -> Path:
     are written beside the graphs (external data), which ONNX Runtime maps instead of
     copying out of a parsed protobuf (docs/design/import.md: the footprint). The cache key
     takes the GGUF's name and size: the pinned download's without fetching it, so a built
-    package loads offline."""
+    package loads offline. ``batch``: also the target's batched pass of up to ``batch`` rows
+    (docs/design/batching.md), a folder of its own (checked before anything is read)."""
+    from speculant_tools.export.package import check_batch_form
+
+    check_batch_form(batch, "static")
     local = named_or_installed_gguf()
     size = local.stat().st_size if local is not None else SMOLLM2.size
     is_cpu = device in ("cpu", "host")
@@ -98,14 +102,15 @@ def smollm2(device: str = "cpu") -> Path:
     drafter_files = [DRAFTER_DIR / "drafter.npz", DRAFTER_DIR / "drafter_config.json"]
     key = cache_key([f"format {FORMAT}", f"{local.name if local else GGUF_NAME} {size}",
                      *(sha256(path) for path in drafter_files if path.exists()),
-                     *([f"graph {graph}", "drafter int4"] if is_cpu else [])])
+                     *([f"graph {graph}", "drafter int4"] if is_cpu else []),
+                     *([f"batch {batch}"] if batch is not None else [])])
     return cached(cache_root(), "smollm2", key,
                   lambda out: _import_smollm2(smollm2_gguf(), out, graph,
-                                              quantize_drafter=is_cpu))
+                                              quantize_drafter=is_cpu, batch=batch))
 
 
 def _import_smollm2(gguf: Path, out: Path, graph: str = "explicit", *,
-                    quantize_drafter: bool = False) -> None:
+                    quantize_drafter: bool = False, batch: int | None = None) -> None:
     from speculant_tools.export.fused import fusable
     from speculant_tools.importers import read_drafter, write_checkpoint
     from speculant_tools.importers.gguf_file import read_gguf
@@ -118,7 +123,7 @@ def _import_smollm2(gguf: Path, out: Path, graph: str = "explicit", *,
             graph = "explicit"  # a head width the fused kernels do not take
         progress(f"writing the float32 graphs ({graph})", 0, 1)
         write_checkpoint(checkpoint, out, dtype="float32", graph=graph, drafter=drafter,
-                         cache="static", external_data=True)
+                         cache="static", external_data=True, batch=batch)
         if drafter is not None and quantize_drafter:
             from speculant_tools.importers.int4 import quantize_drafter as quantize
 

@@ -47,7 +47,13 @@ from pathlib import Path
 import numpy as np
 
 from speculant_tools.export.config import EMBEDDING, ExportError, LlamaConfig, target_shapes
-from speculant_tools.export.package import read_settings, read_weights, write_pair_package
+from speculant_tools.export.package import (
+    check_cache,
+    read_settings,
+    read_weights,
+    source_batch,
+    write_pair_package,
+)
 from speculant_tools.export.widen import layer_order, widen_weights, widened_config
 
 RECORD = "cost_scale.json"
@@ -184,15 +190,17 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
                  *, num_layers: int | None = None, intermediate_size: int | None = None,
                  seed: int = 0, external_data: bool | None = None,
                  check_tokens: int = 16, graph: str = "auto", shape: str | None = None,
-                 cache: str | None = None, quantize_drafter: str | None = None
-                 ) -> ScaleResult:
+                 cache: str | None = None, quantize_drafter: str | None = None,
+                 batch: int | None = None) -> ScaleResult:
     """Write the cost-scaled pair of the chained pair at ``package_root`` into ``out_root``
     (same dtype, tokenizer, scale, widths and EOS; the trained drafter). ``shape``: a real
     model's shape (:data:`~speculant_tools.export.widen.SHAPES`; ``params``, ``num_layers``
     and ``intermediate_size`` are then not used); ``cache``: ``appended`` or ``static``
-    (None: the source's). With ``check_tokens > 0``, :func:`check_identical` compares it with
-    the trained pair on the CPU and raises :class:`ExportError` if the greedy tokens or the
-    chained trace differ; ``quantize_drafter="int4"`` then quantizes the drafter
+    (None: the source's); ``batch``: the rows of the batched pass (None: the source's where
+    the caches are static; docs/design/batching.md). With ``check_tokens > 0``,
+    :func:`check_identical` compares it with the trained pair on the CPU and raises
+    :class:`ExportError` if the greedy tokens or the chained trace differ;
+    ``quantize_drafter="int4"`` then quantizes the drafter
     (:func:`~speculant_tools.importers.int4.quantize_drafter`: after the check, whose trace
     is the float drafter's)."""
     from speculant_tools.importers.int4 import check_drafter_quantization
@@ -204,6 +212,8 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
                           value=str(out))
     settings = read_settings(source)
     check_drafter_quantization(quantize_drafter, source, settings.assistant_artifact)
+    cache = check_cache(settings.cache if cache is None else cache)
+    batch = source_batch(batch, settings, cache)
     config, target, drafter = read_weights(source)
     if drafter is None:
         raise ExportError("scale-target needs a chained pair (target + drafter)",
@@ -219,8 +229,7 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
                        scale=settings.scale,
                        max_proposal_width=settings.max_proposal_width or 8,
                        eos_id=settings.eos_id, rollback_positions=settings.rollback_positions,
-                       external_data=external_data, graph=graph,
-                       cache=settings.cache if cache is None else cache)
+                       external_data=external_data, graph=graph, cache=cache, batch=batch)
     del weights
     for name in PAIR_EXTRAS:
         if (source / name).is_file():
@@ -230,6 +239,7 @@ def scale_target(package_root: str | Path, out_root: str | Path, params: str | i
                          layer_order(config.num_hidden_layers, scaled.num_hidden_layers), check)
     (out / RECORD).write_text(json.dumps({"source": str(source), "params": str(params),
                                           "shape": shape, "cache": read_settings(out).cache,
+                                          "batch": batch,
                                           "seed": seed, "quantize_drafter": quantize_drafter,
                                           **result.record()},
                                          indent=2) + "\n")

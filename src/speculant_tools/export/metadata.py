@@ -307,17 +307,32 @@ def static_cache_form(document: dict[str, Any], config: LlamaConfig) -> dict[str
 BATCH = "batch"  # speculant's extension of the indexed_scatter update (docs/design/batching.md)
 
 
-def batched_form(document: dict[str, Any], component: str, max_rows: int) -> dict[str, Any]:
+def batched_form(document: dict[str, Any], component: str, max_rows: int,
+                 borrowers: tuple[str, ...] = ()) -> dict[str, Any]:
     """The static-cache ``document`` declaring that ``component`` can run a batched pass of
     up to ``max_rows`` rows: ``update.batch`` of the group names the batched graph's artifact
     (``{component}/batched.onnx``; the static ports plus ``block_lengths`` [batch] int64) and
-    its row-width port. The component's own artifact stays the batch-1 graph. Modified in
-    place and returned."""
-    group = document["pipeline"]["workflow"]["serving"]["state_service"]["groups"][GROUP]
-    group["update"][BATCH] = {"max_rows": max_rows,
-                              "artifacts": {component: f"{component}/batched.onnx"},
+    its row-width port. Each of ``borrowers`` (the chained drafter) runs its own artifact at
+    ``B`` rows as it stands: it reads rows of ``component``'s buffers (``cache_lengths``
+    [batch], one per row), writes none and needs no row width, so its entry is its artifact
+    and it has no ``block_lengths`` port. The components' own artifacts stay the batch-1
+    graphs. Modified in place and returned."""
+    workflow = document["pipeline"]["workflow"]
+    group = workflow["serving"]["state_service"]["groups"][GROUP]
+    artifacts = {component: f"{component}/batched.onnx"}
+    artifacts.update({name: workflow["components"][name]["implementation"]["artifact"]
+                      for name in borrowers})
+    group["update"][BATCH] = {"max_rows": max_rows, "artifacts": artifacts,
                               "block_lengths_ports": {component: "block_lengths"}}
     return document
+
+
+def batch_rows(document: dict[str, Any]) -> int | None:
+    """``max_rows`` of a document in :func:`batched_form`, else None."""
+    groups = document["pipeline"]["workflow"]["serving"]["state_service"]["groups"]
+    rows = [(group.get("update") or {}).get(BATCH, {}).get("max_rows")
+            for group in groups.values()]
+    return next((n for n in rows if n is not None), None)
 
 
 def cache_form(document: dict[str, Any]) -> str:

@@ -57,6 +57,7 @@ from speculant_tools.export.graphs import (
 )
 from speculant_tools.export.metadata import (
     TokenizerFacts,
+    batch_rows,
     batched_form,
     cache_form,
     decoder_metadata,
@@ -94,8 +95,8 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     ``eos_id`` to the tokenizer's one special EOS token; ``graph`` picks the target's graph
     (export/fused.py: ``auto``, ``fused``, ``explicit``); ``cache`` its caches' form
     (``appended`` or ``static``; the drafter's borrowed caches follow); ``batch`` (static
-    only): also write ``target/batched.onnx``, the batched pass of up to ``batch`` rows
-    (docs/design/batching.md).
+    only): also write ``target/batched.onnx``, the batched pass of up to ``batch`` rows,
+    beside which ``assistant/model.onnx`` steps ``B`` rows as it is (docs/design/batching.md).
     """
     config = LlamaConfig.from_hf(target_config)
     dtype, cache = check_dtype(dtype), check_cache(cache)
@@ -121,7 +122,7 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     if batch is not None:
         build_graph(lambda: batched_target_graph(config, target, dtype),
                     root / "target" / "batched.onnx", external_data)
-        document = batched_form(document, "target", batch)
+        document = batched_form(document, "target", batch, borrowers=("assistant",))
     write_metadata(document, root, _header("Chained Llama pair", config, dtype))
     _copy_tokenizer(tokenizer_json_path, root)
     return root
@@ -172,20 +173,26 @@ def check_cache(cache: str) -> str:
     return cache
 
 
-def check_batch(batch: int | None, cache: str, config: LlamaConfig) -> None:
-    """``batch`` None, or a row count ≥ 1 for a static package of a batchable target."""
+def check_batch_form(batch: int | None, cache: str) -> None:
+    """``batch`` None, or a row count ≥ 1 with ``cache`` static: what a command checks before
+    it reads a model (:func:`check_batch` checks the model too)."""
     if batch is None:
         return
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ExportError("batch must be a number of rows >= 1", path="batch", value=batch,
-                          remedy="leave batch unset for a batch-1 package")
+                          remedy="leave batch (--batch) unset for a batch-1 package")
     if cache != "static":
         raise ExportError("a batched pass needs the static cache form", path="cache",
                           value=cache, remedy="--cache static")
-    if not batchable(config):
+
+
+def check_batch(batch: int | None, cache: str, config: LlamaConfig) -> None:
+    """``batch`` None, or a row count ≥ 1 for a static package of a batchable target."""
+    check_batch_form(batch, cache)
+    if batch is not None and not batchable(config):
         raise ExportError("the batched pass has no sliding-window attention",
                           path="config.sliding_window", value=config.sliding_window,
-                          remedy="leave batch unset for a batch-1 package")
+                          remedy="leave batch (--batch) unset for a batch-1 package")
 
 
 def build_graph(build: Callable[[], onnx.ModelProto], path: Path,
@@ -299,6 +306,7 @@ class PackageSettings:
     max_proposal_width: int | None
     rollback_positions: int
     cache: str = "appended"  # the caches' form: appended | static
+    batch: int | None = None  # the rows of its batched pass (update.batch.max_rows), if any
 
 
 def read_settings(package_root: str | Path) -> PackageSettings:
@@ -324,7 +332,7 @@ def read_settings(package_root: str | Path) -> PackageSettings:
             tokenizer=root / "tokenizer.json", eos_id=eos["id"] if eos else None,
             scale=chain["token_embedding"].get("scale") if chain else None,
             max_proposal_width=spec["max_proposal_width"] if spec else None,
-            rollback_positions=rollback, cache=cache_form(doc))
+            rollback_positions=rollback, cache=cache_form(doc), batch=batch_rows(doc))
     except (KeyError, TypeError, StopIteration) as error:
         raise ExportError(f"not a package written by speculant_tools.export (no {error})",
                           file=str(path)) from None
@@ -396,11 +404,14 @@ def read_weights(package_root: str | Path, *, skip_int4_drafter: bool = False
 
 def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float16", *,
             external_data: bool | None = None, graph: str = "auto",
-            cache: str | None = None, quantize_drafter: str | None = None) -> Path:
+            cache: str | None = None, quantize_drafter: str | None = None,
+            batch: int | None = None) -> Path:
     """Rebuild a package written by this module in ``dtype`` (the chain's currency: table,
     carry and fused port follow it) and ``cache`` form (None: the source's). Scale, widths,
     EOS and tokenizer are kept. ``quantize_drafter="int4"``: the drafter's linear layers as
-    MatMulNBits (:func:`~speculant_tools.importers.int4.quantize_drafter`)."""
+    MatMulNBits (:func:`~speculant_tools.importers.int4.quantize_drafter`). ``batch``: the
+    rows of the batched pass (None: the source's where the result's caches are static;
+    docs/design/batching.md)."""
     from speculant_tools.importers.int4 import check_drafter_quantization
     from speculant_tools.importers.int4 import quantize_drafter as quantize
 
@@ -412,17 +423,29 @@ def convert(package_root: str | Path, out_root: str | Path, dtype: str = "float1
     settings = read_settings(source)
     check_drafter_quantization(quantize_drafter, source, settings.assistant_artifact)
     cache = check_cache(settings.cache if cache is None else cache)
+    batch = source_batch(batch, settings, cache)
     config, target, drafter = read_weights(source)
     if drafter is None:
         return write_decoder_package(out, target, config, settings.tokenizer, dtype=dtype,
                                      eos_id=settings.eos_id,
                                      rollback_positions=settings.rollback_positions,
-                                     external_data=external_data, graph=graph, cache=cache)
+                                     external_data=external_data, graph=graph, cache=cache,
+                                     batch=batch)
     written = write_pair_package(out, target, config, drafter, settings.tokenizer,
                                  dtype=dtype, scale=settings.scale,
                                  max_proposal_width=settings.max_proposal_width or 8,
                                  eos_id=settings.eos_id,
                                  rollback_positions=settings.rollback_positions,
-                                 external_data=external_data, graph=graph, cache=cache)
+                                 external_data=external_data, graph=graph, cache=cache,
+                                 batch=batch)
     quantize(written, quantize_drafter)
     return written
+
+
+def source_batch(batch: int | None, settings: PackageSettings, cache: str) -> int | None:
+    """The rows of a rebuilt package's batched pass: ``batch`` as asked (checked), else the
+    source's where the rebuilt caches are static (an appended package has no batched pass)."""
+    if batch is None:
+        return settings.batch if cache == "static" else None
+    check_batch_form(batch, cache)
+    return batch

@@ -79,20 +79,31 @@ def read_checkpoint(source: str | Path, progress: Progress | None = None) -> Che
 def import_model(source: str | Path, out: str | Path, *, dtype: str | None = None,
                  quantize: str | None = None, graph: str = "auto",
                  cache: str | None = None, target: str | Path | None = None,
-                 max_proposal_width: int | None = None,
+                 max_proposal_width: int | None = None, batch: int | None = None,
                  progress: Progress | None = None) -> Path:
     """Write the speculant package of ``source`` into ``out`` (a new or empty folder), in
     ``dtype`` (default float32), its caches in ``cache`` form (default ``static``: the fast
     path, docs/design/static-cache.md; or ``appended``). An onnxruntime-genai folder keeps its
     own graph's form. A speculators head needs ``target`` (the package it drafts for: a
     folder or a built-in name; its dtype and cache form are the defaults) and takes
-    ``max_proposal_width`` (default: the head's ``speculative_tokens``)."""
+    ``max_proposal_width`` (default: the head's ``speculative_tokens``). ``batch`` (a GGUF
+    or a Hugging Face checkpoint, static caches): also the batched pass of up to ``batch``
+    rows (docs/design/batching.md)."""
+    from speculant_tools.export.package import check_batch_form
+
     check_quantize(quantize, dtype or "float32")
+    check_batch_form(batch, cache or "static")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ImporterError("the output folder exists and is not empty", file=str(out),
                             remedy="name a new folder")
     kind = detect(source)
+    if batch is not None and kind in ("speculators", "genai"):
+        raise ImporterError(f"a {kind} import has no batched pass: speculant writes one "
+                            "only for the Llama graphs it builds", file=str(source),
+                            path="batch", value=batch,
+                            remedy="leave --batch out, or import a GGUF or Hugging Face "
+                                   "checkpoint")
     if kind == "speculators":
         from speculant_tools.importers.speculators import import_speculators
 
@@ -117,7 +128,7 @@ def import_model(source: str | Path, out: str | Path, *, dtype: str | None = Non
     if progress is not None:
         progress(f"writing the {dtype} graph", 0, 1)
     write_checkpoint(checkpoint, out, dtype=dtype, graph=graph, quantize=quantize,
-                     cache=cache)
+                     cache=cache, batch=batch)
     if progress is not None:
         progress(f"wrote {out}", 1, 1)
     return out

@@ -77,14 +77,16 @@ class Checkpoint:
 def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "float32",
                      graph: str = "auto", quantize: str | None = None,
                      drafter: Drafter | None = None, cache: str = "appended",
-                     external_data: bool | None = None) -> Path:
+                     external_data: bool | None = None, batch: int | None = None) -> Path:
     """Write ``checkpoint`` as a package in ``out``: a chained pair with ``drafter``, a
     greedy decoder without; ``tokenizer.json`` and ``tokenizer_config.json`` beside.
     The linear layers in ``checkpoint.kept`` stay quantized in a float32 package (MatMulNBits
     with exactly the dequantized weights; ``quantize="float"`` widens them too);
     ``quantize="int4"``: the target's other linear layers as MatMulNBits (``importers.int4``);
     ``cache``: the caches' form, ``appended`` or ``static`` (docs/design/static-cache.md);
-    ``external_data``: the weights beside each graph (``export.package.write_graph``)."""
+    ``external_data``: the weights beside each graph (``export.package.write_graph``);
+    ``batch`` (static only): the batched pass of up to ``batch`` rows beside the target
+    (docs/design/batching.md), its linear layers kept and quantized as the target's."""
     check_quantize(quantize, dtype)
     check_chat_template(checkpoint.tokenizer_config, checkpoint.source)
     out = Path(out)
@@ -94,7 +96,7 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
         if drafter is None:
             write_decoder_package(out, checkpoint.weights, checkpoint.config, tokenizer,
                                   dtype=dtype, eos_id=checkpoint.eos_id, graph=graph,
-                                  cache=cache, external_data=external_data)
+                                  cache=cache, external_data=external_data, batch=batch)
         else:
             config = replace(checkpoint.config,
                              drafter_intermediate_size=drafter.intermediate_size,
@@ -103,16 +105,18 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
                                dtype=dtype, scale=drafter.scale,
                                max_proposal_width=drafter.max_proposal_width,
                                eos_id=checkpoint.eos_id, graph=graph, cache=cache,
-                               external_data=external_data)
-    graph_path = out / ("decoder" if drafter is None else "target") / "model.onnx"
-    if checkpoint.kept and dtype == "float32" and quantize != "float":
-        from speculant_tools.importers.int4 import keep_nbits
+                               external_data=external_data, batch=batch)
+    folder = out / ("decoder" if drafter is None else "target")
+    graph_paths = [folder / "model.onnx", *([folder / "batched.onnx"] if batch else [])]
+    for graph_path in graph_paths:  # the batched pass computes with the target's weights
+        if checkpoint.kept and dtype == "float32" and quantize != "float":
+            from speculant_tools.importers.int4 import keep_nbits
 
-        keep_nbits(graph_path, checkpoint.kept)
-    if quantize == "int4":
-        from speculant_tools.importers.int4 import quantize_int4
+            keep_nbits(graph_path, checkpoint.kept)
+        if quantize == "int4":
+            from speculant_tools.importers.int4 import quantize_int4
 
-        quantize_int4(graph_path)
+            quantize_int4(graph_path)
     (out / TOKENIZER_CONFIG).write_text(
         json.dumps(checkpoint.tokenizer_config, indent=2, ensure_ascii=False) + "\n",
         encoding="utf-8")
