@@ -139,18 +139,25 @@ class StaticDrafter:
         """One step on ``fused`` [1, 1, 2H] at ``position``, reading slots ``[0, length)``
         of the target's last layer; returns logits [vocab] float32 (and keeps
         ``self.state``, the projected state [1, 1, H], the next step's carry)."""
+        return self.step_rows(target, fused, [position], [length])[0]
+
+    def step_rows(self, target: StaticTarget | BatchedTarget, fused: np.ndarray,
+                  positions: list[int], lengths: list[int]) -> np.ndarray:
+        """One step of ``B`` rows: row ``b`` on ``fused[b]`` [1, 2H] at ``positions[b]``,
+        reading slots ``[0, lengths[b])`` of row ``b`` of the target's last-layer buffers
+        [B, KV, capacity, d]; returns logits [B, vocab] float32 (``self.state`` [B, 1, H])."""
         layer = 0 if self.defect == "wrong_layer" else target.config.num_hidden_layers - 1
         binding = self.session.io_binding()
         binding.bind_cpu_input("inputs_embeds", fused)
-        binding.bind_cpu_input("position_ids", np.array([[position]], np.int64))
-        binding.bind_cpu_input("cache_lengths", np.array([length], np.int64))
+        binding.bind_cpu_input("position_ids", np.array(positions, np.int64)[:, None])
+        binding.bind_cpu_input("cache_lengths", np.array(lengths, np.int64))
         binding.bind_ortvalue_input("shared_kv.key", target.buffers[layer, "key"])
         binding.bind_ortvalue_input("shared_kv.value", target.buffers[layer, "value"])
         binding.bind_output("logits")
         binding.bind_output("projected_state")
         self.session.run_with_iobinding(binding)
         logits, self.state = (value.numpy() for value in binding.get_outputs())
-        return logits[0, -1].astype(np.float32)
+        return logits[:, -1].astype(np.float32)
 
 
 def appended_drafter_step(root: Path, reference: AppendedTarget, fused: np.ndarray,
