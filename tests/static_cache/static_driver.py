@@ -31,11 +31,18 @@ STORAGE = {"float32": np.float32, "float16": np.float16}
 STALE = 7.0  # what the buffers hold before any pass: a slot never written reads as this
 
 
-def _session(path: Path) -> ort.InferenceSession:
+def _session(path: Path, device: str = "cpu") -> ort.InferenceSession:
+    """A session on the CPU, or (``device="cuda"``) on CUDA device 0."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
+def _buffer(array: np.ndarray, device: str = "cpu") -> ort.OrtValue:
+    """``array`` as an OrtValue on ``device`` (cpu, or CUDA device 0)."""
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
 
 
 def _config(session: ort.InferenceSession) -> LlamaConfig:
@@ -50,15 +57,14 @@ class StaticTarget:
     """The target (or a decoder package's ``decoder``) of a ``cache="static"`` package."""
 
     def __init__(self, root: Path, capacity: int, component: str = "target",
-                 defect: str | None = None) -> None:
-        self.session = _session(Path(root) / component / "model.onnx")
+                 defect: str | None = None, device: str = "cpu") -> None:
+        self.session = _session(Path(root) / component / "model.onnx", device)
         self.config, self.dtype = _config(self.session), _dtype(self.session)
         c = self.config
         shape = (1, c.num_key_value_heads, capacity, c.head_dim)
         # [1, KV, capacity, d] per layer and part, allocated once
-        self.buffers = {(i, part): ort.OrtValue.ortvalue_from_numpy(
-            np.full(shape, STALE, self.dtype)) for i in range(c.num_hidden_layers)
-            for part in ("key", "value")}
+        self.buffers = {(i, part): _buffer(np.full(shape, STALE, self.dtype), device)
+                        for i in range(c.num_hidden_layers) for part in ("key", "value")}
         self.length = 0  # L: the valid slots [0, L) of every buffer
         self.defect = defect  # "stale_length": rollback forgets to set the length
         self.last_outputs: dict[str, ort.OrtValue] = {}
@@ -130,8 +136,8 @@ class StaticDrafter:
     """The chained drafter of a static pair: its borrowed caches are bound to the target's
     buffers themselves (``defect="wrong_layer"``: layer 0's instead of the last layer's)."""
 
-    def __init__(self, root: Path, defect: str | None = None) -> None:
-        self.session = _session(Path(root) / "assistant" / "model.onnx")
+    def __init__(self, root: Path, defect: str | None = None, device: str = "cpu") -> None:
+        self.session = _session(Path(root) / "assistant" / "model.onnx", device)
         self.defect = defect
 
     def step(self, target: StaticTarget, fused: np.ndarray, position: int,
@@ -228,15 +234,15 @@ class BatchedTarget:
     """
 
     def __init__(self, model_path: Path, rows: int, capacity: int, fill: np.ndarray,
-                 defect: str | None = None) -> None:
-        self.session = _session(model_path)
+                 defect: str | None = None, device: str = "cpu") -> None:
+        self.session = _session(model_path, device)
         self.config, self.dtype = _config(self.session), _dtype(self.session)
         c = self.config
         assert fill.shape == (c.num_hidden_layers, 2, rows, c.num_key_value_heads, capacity,
                               c.head_dim)
-        self.buffers = {(i, part): ort.OrtValue.ortvalue_from_numpy(
-            np.ascontiguousarray(fill[i, j].astype(self.dtype)))
-            for i in range(c.num_hidden_layers) for j, part in enumerate(("key", "value"))}
+        self.buffers = {(i, part): _buffer(fill[i, j].astype(self.dtype), device)
+                        for i in range(c.num_hidden_layers)
+                        for j, part in enumerate(("key", "value"))}
         self.lengths = np.zeros(rows, np.int64)  # L_b
         self.defect = defect
         self.presents: dict[tuple[int, str], ort.OrtValue] = {}
