@@ -99,11 +99,14 @@ def test_a_sliding_window_model_is_refused_by_its_field(tmp_path):
     assert not any((tmp_path / "out").glob("*/*.onnx"))
 
 
-def test_imports_that_keep_no_graph_of_ours_refuse_batch(tmp_path):
-    genai = tmp_path / "genai"
-    genai.mkdir()
-    (genai / "genai_config.json").write_text("{}")
-    (genai / "model.onnx").write_bytes(b"")
+@pytest.mark.parametrize(("kind", "marker", "text"), [
+    ("genai", "genai_config.json", "{}"),
+    ("speculators", "config.json", '{"speculators_config": {}}')])
+def test_imports_that_keep_no_graph_of_ours_refuse_batch(tmp_path, kind, marker, text):
+    source = tmp_path / kind
+    source.mkdir()
+    (source / marker).write_text(text)
     with pytest.raises(ImporterError) as caught:
-        import_model(genai, tmp_path / "out", batch=4)
-    assert caught.value.problems[0].path == "batch" and "genai" in str(caught.value)
+        import_model(source, tmp_path / "out", batch=4, target="demo")
+    assert caught.value.problems[0].path == "batch" and kind in str(caught.value)
+    assert not (tmp_path / "out").exists()
