@@ -1,10 +1,9 @@
-"""The batched pass on CUDA in float16 (docs/design/batching.md; issue 40 items 1 and 3): the
-GPU wheel runs ONNX ``Attention`` with ``is_causal=1``, ``nonpad_kv_seqlen`` and several
-queries per row (ORT PR #28958) and ``TensorScatter`` in place on device buffers. The host is
-the specification: each ragged pass's rows equal the CPU's batched pass and each row's
-batch-1 pass on CUDA (the package's GroupQueryAttention graph) within float16 steps; every
-byte outside the rows' valid slots is unchanged and the presents are the bound device
-buffers. The chained drafter then steps every row on those device buffers as each alone.
+"""The batched pass on CUDA in float16 beside the package's own batch-1 graph and with the
+chained drafter (docs/design/batching.md; issue 40 items 1 and 3). The CPU's equality is
+tests/cuda/test_batched_pass_cuda.py's; here, on device buffers bound in place: each ragged
+pass's rows (a rollback by length between them) equal each row's batch-1 pass on CUDA with
+the package's GroupQueryAttention graph within float16 steps, every byte outside the rows'
+valid slots unchanged; then the drafter steps every row on those buffers as each alone.
 
 Run on the GPU machine: ``pytest -m cuda tests/cuda/test_batched_cuda.py``.
 """
@@ -45,19 +44,17 @@ def fill() -> np.ndarray:
         (c.num_hidden_layers, 2, ROWS, c.num_key_value_heads, CAPACITY, c.head_dim))
 
 
-def test_the_batched_pass_on_cuda_equals_the_host_and_each_row_alone(pair):
+def test_the_batched_pass_on_cuda_equals_each_row_alone_after_a_rollback(pair):
     device = BatchedTarget(pair / "target" / "batched.onnx", ROWS, CAPACITY, fill(),
                            device="cuda")
-    host = BatchedTarget(pair / "target" / "batched.onnx", ROWS, CAPACITY, fill())
     singles = [StaticTarget(pair, CAPACITY, device="cuda") for _ in range(ROWS)]
     for number, blocks in enumerate([*PASSES, AFTER]):
-        if number == 2:  # rollback: a length change per row, on both drivers
+        if number == 2:  # rollback: a length change per row
             for b, kept in KEEP.items():
-                length = len(PASSES[0][b]) + kept
-                device.lengths[b] = host.lengths[b] = length
-                singles[b].rollback(length)
+                device.lengths[b] = len(PASSES[0][b]) + kept
+                singles[b].rollback(len(PASSES[0][b]) + kept)
         before, lengths = device.snapshot(), device.lengths.copy()
-        rows, expected = device.run(blocks), host.run(blocks)
+        rows = device.run(blocks)
         changed = (before != device.snapshot()).any(axis=(0, 1, 3, 5))  # [rows, capacity]
         for b, block in enumerate(blocks):
             allowed = np.zeros(CAPACITY, bool)
@@ -65,9 +62,8 @@ def test_the_batched_pass_on_cuda_equals_the_host_and_each_row_alone(pair):
             assert not (changed[b] & ~allowed).any(), f"pass {number}: row {b} written " \
                 f"at slots {np.flatnonzero(changed[b] & ~allowed).tolist()}"
             if block:
-                np.testing.assert_allclose(rows[b], expected[b], atol=FLOAT16_LOGITS)
                 np.testing.assert_allclose(rows[b], singles[b].run(block),
-                                           atol=FLOAT16_LOGITS)
+                                           atol=FLOAT16_LOGITS, err_msg=f"pass {number}")
         for key, buffer in device.buffers.items():  # in place: the present is the buffer
             assert device.presents[key].data_ptr() == buffer.data_ptr()
 
