@@ -1,13 +1,15 @@
 """Constrained output with and without speculation: acceptance and speed on one engine.
 
-For each prompt and each runner (plain, prompt lookup, chained; each without and with a JSON
+For each prompt and each runner (plain, prompt lookup, chained, the draft model with ``--draft``;
+each without and with a JSON
 schema), decode greedily to the end of the schema's object (or the token budget), repeated and
 interleaved runner by runner so the machine's load touches every runner alike. Reports tokens,
 the mean accepted length, the first draft's acceptance, the median decode rate (admission to
 last token, load excluded) and whether every constrained run equals the plain constrained one
 and validates against the schema. Writes a Markdown table to stdout and JSON to ``--out``.
 
-    uv run --extra cpu python scripts/bench_structured.py [PACKAGE] [--repeats 3] [--out F]
+    uv run --extra cpu python scripts/bench_structured.py [PACKAGE] [--draft DRAFT] \
+        [--repeats 3] [--out F]
 """
 
 from __future__ import annotations
@@ -46,20 +48,22 @@ def main() -> None:
     parser.add_argument("package", nargs="?", default="demo")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--draft", default=None, help="a draft-model package: adds its runner")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    engine = speculant.load(args.package)
+    engine = speculant.load(args.package, draft=args.draft)
+    runners = RUNNERS + ([("draft k=3", "draft", 3)] if args.draft else [])
     grammar = Grammar.json_schema(SCHEMA)
     rows: dict[tuple[str, bool], dict] = {}
     reference: dict[int, list[int]] = {}
     for constrained in (False, True):
-        for name, _, _ in RUNNERS:
+        for name, _, _ in runners:
             rows[name, constrained] = {"rates": [], "tokens": 0, "accepted": 0, "rounds": 0,
                                        "first": 0, "is_exact": True, "is_valid": True}
     for prompt_index, prompt in enumerate(PROMPTS):
         for constrained in (False, True):
             for _ in range(args.repeats):  # interleaved: every runner once per repeat
-                for name, proposer, k in RUNNERS:
+                for name, proposer, k in runners:
                     options = GenerationOptions(
                         max_new_tokens=args.new_tokens, proposer=proposer,
                         k=k if proposer else "auto", grammar=grammar if constrained else None)
