@@ -78,6 +78,10 @@ def bench(
                              "table; replaces --prompts.")] = False,
     per_category: Annotated[int | None, typer.Option(
         min=1, help="Spec-Bench questions per category (default: all).")] = None,
+    concurrency: Annotated[str | None, typer.Option(
+        help="Concurrent requests decoded together by the scheduler, e.g. 1,4,16 (a package "
+             "with a batched graph: import --batch N): each level beside the same requests "
+             "one at a time; replaces the runner table.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(
         min=1, help="Spec-Bench: the longest answer; each question is decoded to greedy's "
                     f"answer length, its end of turn or this (default {SPEC_BENCH_TOKENS})."
@@ -147,6 +151,26 @@ def bench(
                          genai_model=genai_model, chat=chat, compare=tuple(compared),
                          widths=tuple(sorted(set(verify_widths or BenchConfig.widths))),
                          width_repeats=width_repeats or BenchConfig.width_repeats)
+    if concurrency is not None:
+        try:
+            levels = sorted({int(n) for n in concurrency.split(",")})
+            if not levels or levels[0] < 1:
+                raise ValueError(concurrency)
+        except ValueError:
+            fail(RequestError("--concurrency takes request counts >= 1", path="--concurrency",
+                              value=concurrency, expected="e.g. 1,4,16"))
+            return
+        from speculant_bench.command import bench_concurrency
+        from speculant_bench.concurrency import concurrency_markdown
+
+        try:
+            report = bench_concurrency(config, levels, out,
+                                       shlex.join(["speculant", *sys.argv[1:]]), stderr)
+        except SpeculantError as error:
+            fail(error)
+            return
+        print(concurrency_markdown(report), end="")
+        return
     try:
         report = run_bench_command(config, out, shlex.join(["speculant", *sys.argv[1:]]),
                                    stderr)

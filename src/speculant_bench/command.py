@@ -63,3 +63,37 @@ def write_report(report: dict, out: Path, console: Console) -> list[str]:
                           f"{runner['matches_greedy']}{escape(where)}", highlight=False)
     console.print(f"wrote {', '.join(written)} to {escape(str(out))}", highlight=False)
     return written
+
+
+def bench_concurrency(config: BenchConfig, levels: list[int], out: Path, command: str,
+                      console: Console) -> dict:
+    """``--concurrency``: the scheduler at each level beside one at a time
+    (:mod:`speculant_bench.concurrency`); writes ``bench.json`` and ``bench.md``."""
+    import os
+    import platform
+
+    from speculant.engine import load
+    from speculant_bench.concurrency import concurrency_markdown, run_concurrency
+    from speculant_bench.run import bench_prompts
+    from speculant_bench.runners import runner_list
+
+    engine = load(config.package, config.device, threads=config.resolved_threads,
+                  draft=config.draft, max_batch=max(levels))
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        prompts, _, _ = bench_prompts(engine, config, RichProgress(progress))
+        task = progress.add_task("concurrency levels", total=None)
+        run = run_concurrency(engine, runner_list(config.proposers, config.ks), prompts,
+                              levels, config.repeats, config.warmup)
+        progress.update(task, completed=1, total=1)
+    report = {"command": command, "package": str(engine.package.root),
+              "device": config.device, "prompts": f"{len(prompts.prompts)} from "
+              f"{prompts.source}, {sum(prompts.new_tokens) / len(prompts.new_tokens):.0f} "
+              "tokens each on average", "load_average": os.getloadavg()[0],
+              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
+              f"{platform.processor() or platform.platform()}", **run}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "bench.md").write_text(concurrency_markdown(report))
+    console.print(f"wrote bench.json, bench.md to {escape(str(out))}", highlight=False)
+    return report

@@ -28,6 +28,7 @@ from itertools import chain, cycle, islice
 from pathlib import Path
 
 from speculant.engine import Engine, load
+from speculant.workflow.request import Admitted
 from speculant_bench import limits
 from speculant_bench.anchors import AnchorRunner, AnchorSetup, prepare_anchors
 from speculant_bench.compared import ComparedPackage, PackageRunner, load_compared
@@ -162,28 +163,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
     threads = config.resolved_threads
     engine = load(config.package, config.device, threads=threads, draft=config.draft)
     root = engine.package.root  # a built-in name (smollm2) resolved to its folder
-    spec_bench = None
-    if config.spec_bench:
-        spec_bench, raw = spec_bench_prompts(engine, config.per_category, config.new_tokens,
-                                             needs_template=config.chat)
-        source = spec_bench.source
-    else:
-        render = (lambda text: engine.render_chat([{"role": "user", "content": text}])) \
-            if config.chat else None
-        source, raw = read_prompts(find_prompt_file(root, config.prompts_file),
-                                   engine.tokenizer, render)
-        if config.chat:
-            source += " (chat template)"
-    admitted = engine.admit(raw[0][:1], 1).admitted  # admission alone: the context cap
-    prompts = fit_prompts(source, raw, config.new_tokens, admitted.context_cap)
-    if prompts.num_truncated:
-        progress.note(f"{prompts.num_truncated} of {len(prompts.prompts)} prompts keep only "
-                      f"their last {max(prompts.lengths)} tokens (context "
-                      f"{admitted.context_cap}, {config.new_tokens} new tokens)")
-    if spec_bench is not None:
-        progress.start("Spec-Bench: greedy answer lengths", len(prompts.prompts))
-        lengths = answer_lengths(engine, prompts.prompts, config.new_tokens, progress.advance)
-        prompts = replace(prompts, new_tokens=tuple(lengths))
+    prompts, spec_bench, admitted = bench_prompts(engine, config, progress)
 
     runners, skipped = [], []
     for runner in runner_list(config.proposers, config.ks):
@@ -235,6 +215,37 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRun
                     anchor_results=[r for r in every if r.is_anchor], anchors=anchors,
                     spec_bench=spec_bench, compared=compared,
                     compared_results=[r for r in every if r.is_compared])
+
+
+def bench_prompts(engine: Engine, config: BenchConfig, progress: Progress
+                  ) -> tuple[PromptSet, SpecBenchSet | None, Admitted]:
+    """The run's prompts (Spec-Bench's first turns, or the prompt file's, rendered by the chat
+    template under ``config.chat``) fitted into the context, with Spec-Bench's greedy answer
+    lengths; the Spec-Bench set, if any; a probe request's admission (the context cap)."""
+    root = engine.package.root
+    spec_bench = None
+    if config.spec_bench:
+        spec_bench, raw = spec_bench_prompts(engine, config.per_category, config.new_tokens,
+                                             needs_template=config.chat)
+        source = spec_bench.source
+    else:
+        render = (lambda text: engine.render_chat([{"role": "user", "content": text}])) \
+            if config.chat else None
+        source, raw = read_prompts(find_prompt_file(root, config.prompts_file),
+                                   engine.tokenizer, render)
+        if config.chat:
+            source += " (chat template)"
+    admitted = engine.admit(raw[0][:1], 1).admitted  # admission alone: the context cap
+    prompts = fit_prompts(source, raw, config.new_tokens, admitted.context_cap)
+    if prompts.num_truncated:
+        progress.note(f"{prompts.num_truncated} of {len(prompts.prompts)} prompts keep only "
+                      f"their last {max(prompts.lengths)} tokens (context "
+                      f"{admitted.context_cap}, {config.new_tokens} new tokens)")
+    if spec_bench is not None:
+        progress.start("Spec-Bench: greedy answer lengths", len(prompts.prompts))
+        lengths = answer_lengths(engine, prompts.prompts, config.new_tokens, progress.advance)
+        prompts = replace(prompts, new_tokens=tuple(lengths))
+    return prompts, spec_bench, admitted
 
 
 def measure(engine: Engine, runners: Sequence[Runner | PackageRunner | AnchorRunner],
