@@ -23,6 +23,7 @@ class Package:
     graphs: dict[str, onnx.ModelProto]  # component -> parsed model (external data not loaded)
     tokenizer_file: Path | None
     embedding_width: int | None = None  # W_E, from admission (chained packages)
+    batched_artifact: Path | None = None  # the target's batched graph (plan.static.batch)
 
     def model_source(self, component: str) -> str | bytes:
         """What ONNX Runtime opens: the path of a binary model (so external data resolves

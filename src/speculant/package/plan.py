@@ -48,6 +48,17 @@ class ChainPlan:
 
 
 @dataclass(frozen=True)
+class BatchPlan:
+    """The target's batched graph (``update.batch``, docs/design/batching.md): a right-padded
+    block ``[B, W]`` over per-row caches ``[B, ..., capacity, ...]``, ``B <= max_rows``."""
+
+    max_rows: int
+    artifact: str  # its location in the package (load confines it: Package.batched_artifact)
+    block_lengths_port: str  # [B] int64: each row's valid tokens in the block (0: padding)
+    field: str  # the metadata field naming the artifact, for messages
+
+
+@dataclass(frozen=True)
 class StaticPlan:
     """Fixed-capacity caches written in place (docs/design/static-cache.md)."""
 
@@ -59,6 +70,7 @@ class StaticPlan:
     capacity_symbol: str  # the cells' symbol on the sequence axis
     write_indices_ports: dict[str, str]  # component -> port taking the write index (= L)
     kv_length_ports: dict[str, str]  # component -> port taking the valid length
+    batch: BatchPlan | None = None  # the target's batched graph; None: batch 1 only
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ The rules this feature owns (each a `MetadataError`, rule 21): ``logical_lengths
 group's ``sequence_axis``, one symbol (the capacity the runtime picks), the same for all.
 
 What load derives: a :class:`~speculant.package.plan.StaticPlan` (the length cell, its
-workflow input, the capacity and its symbol, the ports), or ``None`` for appended caches.
+workflow input, the capacity and its symbol, the ports, and the target's batched graph
+where ``update.batch`` declares one), or ``None`` for appended caches.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from speculant.errors import MetadataError, ProblemCollector
 from speculant.package.common import GROUPS, WF, describe, groups_of
 from speculant.package.model import Document, StateGroup, Workflow
-from speculant.package.plan import StaticPlan
+from speculant.package.plan import BatchPlan, StaticPlan
 
 RULE = "21"
 
@@ -82,7 +83,8 @@ def check(doc: Document, out: ProblemCollector) -> None:
 def _check_batch(wf: Workflow, batch: object, path: str, out: ProblemCollector) -> None:
     """speculant's extension (docs/design/batching.md): ``{max_rows: N ≥ 1, artifacts:
     {component: path of its batched graph}, block_lengths_ports: {component: port}}``. The
-    runtime decodes at batch 1 with the components' own artifacts; this is read by inspect."""
+    runtime decodes single requests with the components' own artifacts; the scheduler
+    (speculative/scheduler.py) drives the target's batched artifact."""
     rows = batch.get("max_rows") if isinstance(batch, dict) else None
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         out.add(MetadataError, "update.batch needs max_rows, a number of rows >= 1",
@@ -149,7 +151,7 @@ def _check_capacity_axis(wf: Workflow, name: str, group: StateGroup,
 def plan(doc: Document, target: str) -> StaticPlan | None:
     """The static group holding the target's caches, resolved; None for appended caches."""
     wf = doc.workflow
-    for group in groups_of(wf).values():
+    for name, group in groups_of(wf).items():
         fields = update_fields(group)
         if not fields or target not in group.ports:
             continue
@@ -157,6 +159,7 @@ def plan(doc: Document, target: str) -> StaticPlan | None:
         capacity_input = fields["capacity"]
         default = wf.inputs[capacity_input].default
         cell = next(wf.state[c] for c in group.ports[target])
+        batch = fields.get("batch") or {}
         return StaticPlan(
             lengths_cell=lengths, lengths_input=wf.state[lengths].initializer,
             write_indices_input=wf.state[fields["write_indices"]].initializer,
@@ -165,5 +168,10 @@ def plan(doc: Document, target: str) -> StaticPlan | None:
             if default is not None else None,
             capacity_symbol=str(cell.contract.dims[int(group.sequence_axis or 0)]),
             write_indices_ports=dict(fields.get("write_indices_ports") or {}),
-            kv_length_ports=dict(fields.get("kv_length_ports") or {}))
+            kv_length_ports=dict(fields.get("kv_length_ports") or {}),
+            batch=BatchPlan(int(batch["max_rows"]), batch["artifacts"][target],
+                            batch["block_lengths_ports"][target],
+                            f"{GROUPS}.{name}.update.batch.artifacts.{target}")
+            if target in batch.get("artifacts", {}) and
+            target in batch.get("block_lengths_ports", {}) else None)
     return None
