@@ -10,6 +10,9 @@ target's residency, whose slots ``[0, L)`` are valid, ``L`` being the consumed c
 writes its block at ``[L, L + n)`` in place (the target's past and present bound to the same
 buffer) and rollback is ``L ← C + a``: zero bytes move. The pass plans of the target (one per
 block width, `session/plan.py`) live here too, since they bind these buffers.
+* :class:`RowCells`: a request decoded with others (speculative/scheduler.py) holds one row of
+  the engine's batched buffers ``[B, KV, capacity, d]`` (workflow/batched_pass.py); the
+  state's consumed count is the row's cursor, so rollback is again a length: zero bytes move.
 """
 
 from __future__ import annotations
@@ -67,6 +70,24 @@ class StaticCells(dict[str, Value]):
         self.plans: dict[int, PassPlan] = {}  # block width n -> the target's plan
         # the chained drafter's step plans (speculative/chain_steps.py: they bind these buffers)
         self.chain_steps: Any = None
+
+
+class RowCells:
+    """A request's row of the engine's batched caches (the buffers belong to the
+    :class:`~speculant.workflow.batched_pass.BatchedTargetPass`): its row index, given when
+    the request takes a row (None while it waits), and the capacity every row has. The
+    row's valid slots are ``[0, C)``, ``C`` being the decode state's consumed count, the one
+    home of the row's length: every batched pass takes its cursor from it."""
+
+    is_in_place = True  # a pass writes the row's block at its cursor, in place
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.row: int | None = None
+
+    def roll_back(self, seam: TensorSeam, plan: LoadPlan, length: int) -> tuple[RowCells, int]:
+        """The same row: the length ``C`` (the state's) is the rollback, zero bytes."""
+        return self, 0
 
 
 CAPACITY_STEP = 128  # capacities are rounded up to a multiple of this (and to the package's)

@@ -11,7 +11,13 @@ from speculant.errors import AdmissionError, ContractError
 from speculant.package.package import Package
 from speculant.package.plan import CellPlan, LoadPlan
 from speculant.tensors import HOST, NO_TOKEN, NUMPY_DTYPES, TensorSeam, Value
-from speculant.workflow.cells import AppendedCells, StaticCells, StaticPool, request_capacity
+from speculant.workflow.cells import (
+    AppendedCells,
+    RowCells,
+    StaticCells,
+    StaticPool,
+    request_capacity,
+)
 from speculant.workflow.constraint import Constraint
 from speculant.workflow.logprobs import Logprobs
 from speculant.workflow.request import Admitted
@@ -126,7 +132,8 @@ class DecodeState:
     admitted: Admitted
     tokens: list[int]  # the stream x[0..L): prompt, then committed tokens
     prompt_len: int  # P
-    cells: AppendedCells | StaticCells  # cell -> [1, ..., C or capacity, ...] (workflow/cells.py)
+    # cell -> [1, ..., C or capacity, ...], or a row of the engine's batched caches
+    cells: AppendedCells | StaticCells | RowCells  # (workflow/cells.py)
     controls: dict[str, Value] = field(default_factory=dict)  # serving control -> current value
     consumed: int = 0  # C
     latest: PassResult | None = None
@@ -144,13 +151,14 @@ class DecodeState:
               prompt_ids: Iterable[int], *, sampler: Sampler | None = None,
               text: StopText | None = None, k: int = 0, residency: str = HOST,
               pool: StaticPool | None = None, constraint: Constraint | None = None,
-              logprobs: Logprobs | None = None) -> DecodeState:
+              logprobs: Logprobs | None = None, row: RowCells | None = None) -> DecodeState:
         """The state before the prefill: empty caches (static caches: the buffers, allocated
-        once in ``residency`` for a request of width up to ``k``), the admitted controls."""
+        once in ``residency`` for a request of width up to ``k``; ``row``: a row of the
+        engine's batched caches, reserved already), the admitted controls."""
         tokens = [int(t) for t in prompt_ids]
-        cells = start_cells(seam, package, num_prompt=len(tokens),
-                            max_new_tokens=rules.max_new_tokens, k=k, residency=residency,
-                            pool=pool)
+        cells = row if row is not None else start_cells(
+            seam, package, num_prompt=len(tokens), max_new_tokens=rules.max_new_tokens, k=k,
+            residency=residency, pool=pool)
         return cls(seam, package.plan, rules, admitted, tokens, len(tokens), cells,
                    dict(admitted.initial_controls), sampler=sampler, text=text,
                    target_file=str(package.artifacts.get(package.plan.target, package.root)),

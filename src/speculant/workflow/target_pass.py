@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from speculant.session.contracts import SymbolTable
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
 from speculant.tensors import HOST, NUMPY_DTYPES, TensorSeam, Value
-from speculant.workflow.cells import AppendedCells, StaticCells
+from speculant.workflow.cells import AppendedCells, RowCells, StaticCells
 from speculant.workflow.request import Admitted, literal_value
 
 
@@ -34,11 +35,23 @@ class PassResult:
     values: dict[str, Value]  # every workflow value of the pass: bound inputs and outputs
     logits: Value  # [1, n, V] target scores, where the target executes
     seed: Value | None  # [1, n, W_C] the folded-carry seed output (chained packages)
-    presents: AppendedCells | StaticCells  # cell -> owner output (extent C0 + n) or buffer
+    presents: AppendedCells | StaticCells | RowCells  # cell -> present (C0 + n) or buffer
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+
+class PendingPass(Protocol):
+    """A row's pass queued with other rows' (speculative/scheduler.py): its result is known
+    once their one batched pass has run."""
+
+    def resolve(self) -> PassResult: ...
+
+
+def resolved(launched: PassResult | PendingPass) -> PassResult:
+    """The pass's result: itself, or a queued row's once its batched pass has run."""
+    return launched if isinstance(launched, PassResult) else launched.resolve()
 
 
 @dataclass(frozen=True)

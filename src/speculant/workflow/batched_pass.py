@@ -1,0 +1,197 @@
+"""`BatchedTargetPass`: one run of the target's batched graph over every row of the engine's
+caches (docs/design/batching.md), the pass the scheduler (speculative/scheduler.py) runs once
+per step.
+
+The engine owns one buffer ``[B, KV, capacity, d]`` per cell, bound as both the past and the
+present of every pass (one buffer: the graph writes it in place). Row ``b`` is one request's
+(:class:`~speculant.workflow.cells.RowCells`) or free. A pass takes each busy row's block and
+its start ``L_b`` — the row's decode state's consumed count, the one home of its length — and
+writes ``input_ids [B, W]`` right-padded, ``position_ids = L_b + [0, W)``, ``cache_lengths =
+L_b`` and ``block_lengths = W_b`` (0, at cursor 0, for a free row: never written, never read).
+Invariant: ``L_b + W <= capacity`` for every row (the graph gathers and scatters the whole
+window), checked before each run; the scheduler keeps ``W`` within it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from speculant.errors import AdmissionError, ContractError, RequestError
+from speculant.package.model import Ports
+from speculant.package.package import Package
+from speculant.package.plan import BatchPlan
+from speculant.session.plan import PassPlan
+from speculant.session.session import ComponentSession
+from speculant.tensors import NUMPY_DTYPES, Value
+from speculant.workflow.cells import RowCells
+from speculant.workflow.state import cell_shape
+from speculant.workflow.target_pass import PassResult
+
+KEPT_WIDTHS = 16  # plans of wider blocks (prompt chunks) are made for their pass alone
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """One row's part of a batched pass."""
+
+    tokens: tuple[int, ...]  # the row's block, W_b tokens (at least one)
+    start: int  # L_b: the row's consumed count, where the block is written
+    cells: RowCells  # the row it runs in
+
+
+def row_cursors(blocks: Sequence[RowBlock], num_rows: int) -> np.ndarray:
+    """``cache_lengths`` [B] int64: each busy row's start, 0 for a free row."""
+    cursors = np.zeros(num_rows, np.int64)
+    for block in blocks:
+        cursors[block.cells.row] = block.start
+    return cursors
+
+
+def row_widths(blocks: Sequence[RowBlock], num_rows: int, width: int) -> np.ndarray:
+    """``block_lengths`` [B] int64: each busy row's ``W_b``, 0 for a free row (``width``, the
+    block's ``W``, is what a row may not exceed)."""
+    widths = np.zeros(num_rows, np.int64)
+    for block in blocks:
+        widths[block.cells.row] = len(block.tokens)
+    return widths
+
+
+def batch_of(package: Package) -> BatchPlan:
+    """The package's batched graph, or a RequestError saying it has none."""
+    static = package.plan.static
+    if static is None or static.batch is None or package.batched_artifact is None:
+        raise RequestError(
+            "this package has no batched target graph, so its requests cannot be decoded "
+            "together (it decodes one request at a time)", path="batch",
+            file=str(package.root), value="1 only",
+            remedy="decode with engine.generate(...), or write the package with static "
+                   "caches and batch=N (write_pair_package / write_decoder_package)")
+    return static.batch
+
+
+def batched_ports(package: Package) -> Ports:
+    """The batched graph's ports: the target's, and ``block_lengths`` [batch] int64 (the
+    cursor port's contract)."""
+    plan, batch = package.plan, batch_of(package)
+    assert plan.static is not None
+    ports = package.document.workflow.components[plan.target].ports
+    assert ports is not None
+    cursor = ports.inputs[plan.static.write_indices_ports[plan.target]]
+    return ports.model_copy(update={"inputs": {**ports.inputs,
+                                               batch.block_lengths_port: cursor}})
+
+
+class BatchedTargetPass:
+    """The target's batched graph on the engine's device, its buffers, and its pass plans
+    (one per block width ``W``, at ``B = rows``)."""
+
+    def __init__(self, package: Package, session: ComponentSession, *, rows: int,
+                 capacity: int) -> None:
+        plan, batch = package.plan, batch_of(package)
+        static = plan.static
+        assert static is not None
+        field = batch.field
+        if not 1 <= rows <= batch.max_rows:
+            raise AdmissionError(f"{rows} rows asked of a batched graph of at most "
+                                 f"{batch.max_rows}", path=field.rsplit(".artifacts", 1)[0] +
+                                 ".max_rows", value=rows, expected=f"1 <= rows <= "
+                                 f"{batch.max_rows}")
+        if static.capacity is not None and not 1 <= capacity <= static.capacity:
+            raise AdmissionError(f"a capacity of {capacity} slots per row asked of caches of "
+                                 f"at most {static.capacity}", path=static.capacity_input,
+                                 value=capacity, expected=f"1 <= capacity <= "
+                                                          f"{static.capacity}")
+        self.session, self.seam = session, session.seam
+        self.rows, self.capacity = rows, capacity
+        target = plan.target
+        self.roles = {plan.port_by_role.get("token_ids"): "tokens",
+                      plan.port_by_role.get("position_ids"): "positions",
+                      static.write_indices_ports.get(target): "cursors",
+                      static.kv_length_ports.get(target): "cursors",
+                      batch.block_lengths_port: "widths"}
+        self.cell_of = {cell.owner_input: name for name, cell in plan.cells.items()}
+        self.present_of = {cell.owner_output: name for name, cell in plan.cells.items()}
+        ports = [*plan.target_inputs, batch.block_lengths_port]
+        unknown = [p for p in ports if p not in self.roles and p not in self.cell_of]
+        if unknown or "tokens" not in self.roles.values():
+            raise AdmissionError(
+                f"the batched target binds only token ids, positions, cursors, block lengths "
+                f"and its caches; input(s) {unknown or ['(no token ids port)']} are beyond "
+                "what the scheduler writes", file=str(package.batched_artifact), path=field,
+                remedy="decode with engine.generate(...) (batch 1)")
+        self.inputs = {port: session.ports.inputs[port] for port in ports}
+        self.logits_port = plan.port_by_role.get("logits", "logits")
+        self.vocab = package.logits_width
+        self.buffers = {}  # cell -> [rows, ..., capacity, ...], allocated once
+        for name, cell in plan.cells.items():
+            shape = cell_shape(package, cell, capacity)
+            shape[cell.contract.batch_layout.axis if cell.contract.batch_layout else 0] = rows
+            self.buffers[name] = self.seam.zeros(shape, cell.contract.dtype, session.device)
+        self.plans: dict[int, PassPlan] = {}  # W -> its plan, W <= KEPT_WIDTHS
+
+    def reserve(self, num_prompt: int, max_new_tokens: int, k: int) -> RowCells:
+        """A request's row-to-be, once its bound ``P + max_new_tokens + k + 1`` fits a row
+        (a RequestError naming the numbers otherwise)."""
+        bound, capacity = num_prompt + max_new_tokens + k + 1, self.capacity
+        if bound > capacity:
+            raise RequestError(
+                f"the request needs {bound} cache slots (prompt {num_prompt} + max_new_tokens "
+                f"{max_new_tokens} + k {k} + 1) but a row of the batched caches holds "
+                f"{capacity}", path="max_new_tokens", value=bound,
+                expected=f"prompt + max_new_tokens + k + 1 <= {capacity}",
+                remedy=f"lower max_new_tokens to at most {max(capacity - num_prompt - k - 1, 0)}"
+                       ", shorten the prompt, or lower k")
+        return RowCells(capacity)
+
+    def run(self, blocks: Sequence[RowBlock]) -> list[PassResult]:
+        """One pass over ``blocks`` (one per busy row; the other rows pad the batch); each
+        row's :class:`PassResult`, in ``blocks``' order, its logits ``[1, W_b, V]``."""
+        width = max(len(block.tokens) for block in blocks)
+        cursors = row_cursors(blocks, self.rows)
+        over = [(b.cells.row, b.start) for b in blocks if b.start + width > self.capacity]
+        if over:
+            raise ContractError(f"a batched pass of width {width} writes past the rows' "
+                                f"capacity {self.capacity} at (row, start) {over}",
+                                value=width, expected=f"start + {width} <= {self.capacity}")
+        values = {"cursors": cursors, "widths": row_widths(blocks, self.rows, width),
+                  "tokens": np.zeros((self.rows, width), np.int64),
+                  "positions": cursors[:, None] + np.arange(width, dtype=np.int64)[None]}
+        for block in blocks:
+            values["tokens"][block.cells.row, :len(block.tokens)] = block.tokens
+        plan = self._plan(width)
+        with self.seam.write_batch():
+            for port, contract in self.inputs.items():
+                if port in self.roles:
+                    plan.write(port, values[self.roles[port]].astype(
+                        NUMPY_DTYPES[contract.dtype]))
+        logits = plan.run()[self.logits_port]  # [B, W, V]
+        return [PassResult(block.start, block.tokens, {}, self.seam.truncate_axis(
+            self.seam.slice_axis(logits, 0, block.cells.row, 1), 1, len(block.tokens)), None,
+            block.cells) for block in blocks]
+
+    def _plan(self, width: int) -> PassPlan:
+        """The plan of width ``W``: the small inputs' buffers, the caches bound as past and
+        present, and the logits ``[B, W, V]``; kept for the verify widths only."""
+        plan = self.plans.get(width)
+        if plan is not None:
+            return plan
+        seam, device = self.seam, self.session.device
+        inputs: dict[str, Value] = {}
+        for port, contract in self.inputs.items():
+            if port in self.cell_of:
+                inputs[port] = self.buffers[self.cell_of[port]]
+            else:
+                shape = (self.rows, width) if self.roles[port] in ("tokens", "positions") \
+                    else (self.rows,)
+                inputs[port] = seam.zeros(shape, contract.dtype, device)
+        logits_dtype = self.session.ports.outputs[self.logits_port].dtype
+        outputs = {port: self.buffers[name] for port, name in self.present_of.items()}
+        outputs[self.logits_port] = seam.zeros((self.rows, width, self.vocab), logits_dtype,
+                                               self.session.output_residency)
+        plan = PassPlan(self.session, inputs, outputs, capture=False)
+        if width <= KEPT_WIDTHS:
+            self.plans[width] = plan
+        return plan
