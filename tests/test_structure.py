@@ -138,9 +138,9 @@ LAYERS = {
 # with a deletion beside it. The change a commit makes is `git diff --stat`'s to report.
 LAYER_CEILINGS = {
     "package": 3_641, "tensors": 2_066, "text": 815, "session": 927, "workflow": 1_975,
-    "speculative": 2_105, "engine and API": 1_980, "serve": 1_697,
+    "speculative": 2_368, "engine and API": 2_130, "serve": 1_697,
 }
-RUNTIME_CEILING = 15_206  # the sum
+RUNTIME_CEILING = 15_619  # the sum
 MODULE_LINE_LIMIT = 500
 
 
@@ -196,7 +196,8 @@ def runtime_modules() -> dict[str, Path]:
 def test_one_decode_loop():
     """One function decodes (speculative/decode.py's ``decode``) and one object launches
     rounds (speculative/round.py's ``Rounds``, made there alone): the reference is the same
-    loop at queue depth 0, not a second implementation."""
+    loop at queue depth 0, not a second implementation; the scheduler's rows launch that
+    same reference round."""
     defined = sorted(name for name, path in runtime_modules().items()
                      for node in ast.parse(path.read_text()).body
                      if isinstance(node, ast.FunctionDef) and "decode" in node.name)
@@ -207,7 +208,9 @@ def test_one_decode_loop():
     launching = {name: calls for name, calls in launching.items() if calls}
     assert launching == {"speculative/decode.py": ["Rounds"],
                          "speculative/round.py": ["launch_host_round", "launch_queued_round",
-                                                  "launch_step"]}
+                                                  "launch_step"],
+                         # requests decoded together: each row's round is the reference one
+                         "speculative/scheduler.py": ["launch_host_round"]}
 
 
 CACHE_KINDS = {"StaticCells", "AppendedCells"}

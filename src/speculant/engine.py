@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from speculant.errors import RequestError, SpeculantError
-from speculant.generation import Decode, Generation, Stream, Turns
+from speculant.generation import BatchedDecode, Decode, Generation, Stream, Turns
 from speculant.package.package import Package
 from speculant.session.graphs import decide
 from speculant.session.session import ComponentSession
@@ -33,6 +33,7 @@ from speculant.speculative.decode import choose_route
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
 from speculant.speculative.proposal import Proposer
+from speculant.speculative.scheduler import PREFILL_CHUNK, Scheduler
 from speculant.speculative.width import WidthPolicy
 from speculant.tensors import HOST, Residency, make_seam
 from speculant.text.chat import (
@@ -42,6 +43,7 @@ from speculant.text.chat import (
     load_chat_template,
 )
 from speculant.text.tokenizer import tokenizer_for
+from speculant.workflow.batched_pass import BatchedTargetPass, batch_of, batched_ports
 from speculant.workflow.cells import StaticPool
 from speculant.workflow.constraint import compile_constraint
 from speculant.workflow.logprobs import Logprobs
@@ -55,7 +57,7 @@ from speculant.workflow.target_pass import TargetPass
 Prompt = str | Sequence[int]
 Messages = Sequence[Mapping[str, str]]
 
-__all__ = ["Decode", "Engine", "Generation", "Stream", "load"]
+__all__ = ["BatchedDecode", "Decode", "Engine", "Generation", "Stream", "load"]
 
 
 class Engine:
@@ -66,7 +68,8 @@ class Engine:
                  threads: int | None = None, draft: Package | None = None,
                  cuda_graphs: bool | str = "auto", overlap: bool = True,
                  unroll_chain: bool = True,
-                 template_limits: TemplateLimits = DEFAULT_LIMITS) -> None:
+                 template_limits: TemplateLimits = DEFAULT_LIMITS,
+                 max_batch: int | None = None, prefill_chunk: int = PREFILL_CHUNK) -> None:
         """``outputs_on_host`` binds every CUDA output to host memory (ORT copies it out):
         the host-staged configuration that parity tests compare against, never a default.
         ``threads``: ONNX Runtime's intra-op threads (None: its default, one per physical core);
@@ -83,7 +86,9 @@ class Engine:
         chained proposal on static caches is one run of the step graph unrolled k + 1 times
         (chain_graph.chain_component). ``template_limits``: the deadline, output cap and
         memory of each chat-template render (text/template_worker.py), the load's trial
-        render included."""
+        render included. ``max_batch`` (None: the package's ``max_rows``) and
+        ``prefill_chunk``: the scheduler's rows and the prompt tokens a row consumes per step
+        (:meth:`submit`, :meth:`generate_many`; packages with a batched target graph)."""
         self.package = package
         self.device = str(Residency.parse(device))
         self.seam = make_seam(self.device, ordering=ordering)
@@ -106,6 +111,8 @@ class Engine:
 
         self.sessions = {name: session(name, source, ports, str(package.artifacts[name]))
                          for name, (source, ports) in components.items()}
+        self._make_session = session  # the batched target's, with the scheduler (if ever)
+        self._scheduler_shape = (max_batch, prefill_chunk)
 
         def step_variant(suffix: str, made_from: StepComponent) -> ComponentSession:
             """A session of a graph made from the step graph, reporting (timed alike) to the
@@ -245,6 +252,70 @@ class Engine:
         return prompt, GenerationOptions.of(options, stop=tuple(stops),
                                             stop_token_ids=tuple(stop_ids))
 
+    # -- requests decoded together (speculative/scheduler.py) ------------------------------
+    @functools.cached_property
+    def scheduler(self) -> Scheduler:
+        """The engine's scheduler, made on first use: the target's batched graph, its caches
+        (``max_batch`` rows at the package's capacity) and its loop. A RequestError for a
+        package without a batched graph."""
+        package, batch = self.package, batch_of(self.package)
+        rows, chunk = self._scheduler_shape
+        static = package.plan.static
+        assert static is not None and static.capacity is not None
+        artifact = str(package.batched_artifact)
+        session = self._make_session(f"{package.plan.target}.batched", artifact,
+                                     batched_ports(package), artifact)
+        target = BatchedTargetPass(package, session, capacity=static.capacity,
+                                   rows=batch.max_rows if rows is None else rows)
+        return Scheduler(target, prefill_chunk=chunk)
+
+    def submit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
+               inputs: Mapping[str, np.ndarray] | None = None, **fields) -> BatchedDecode:
+        """Admit now (a bad request raises here) and queue the request on the scheduler;
+        iterate the handle for committed token ids (each step runs every row), ``Stream(
+        handle)`` for text, ``.result`` at the end, ``.close()`` to cancel."""
+        options = GenerationOptions.of(options, **fields)
+        scheduler = self.scheduler
+        state, proposer, policy = self._admit(
+            prompt, options, inputs, with_text=isinstance(prompt, str) or bool(options.stop),
+            batched=scheduler.target)
+        return BatchedDecode(scheduler.submit(state, proposer, policy), scheduler,
+                             self.tokenizer)
+
+    def generate_many(self, prompts: Sequence[Prompt],
+                      options: GenerationOptions | int | Sequence[GenerationOptions] | None
+                      = None, /, *, inputs: Mapping[str, np.ndarray] | None = None,
+                      **fields) -> list[Generation]:
+        """Decode ``prompts`` together through the scheduler (continuous batching) and return
+        what :meth:`generate` returns for each, in order. ``options``: one for all, or one
+        per prompt; an error names the prompt's index, and none is decoded then."""
+        per_prompt = list(options) if isinstance(options, list | tuple) else \
+            [options] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise RequestError(f"{len(per_prompt)} options for {len(prompts)} prompts",
+                               path="options", value=len(per_prompt),
+                               expected=f"one GenerationOptions, or {len(prompts)}")
+        scheduler, handles = self.scheduler, []  # a package that cannot batch says so first
+        try:
+            for i, (prompt, one) in enumerate(zip(prompts, per_prompt, strict=True)):
+                try:
+                    handles.append(self.submit(prompt, one, inputs=inputs, **fields))
+                except SpeculantError as error:
+                    raise of_prompt(error, i) from error
+        except BaseException:
+            for handle in handles:
+                handle.close()
+            raise
+        while not all(handle.is_finished for handle in handles):
+            scheduler.step()
+        results = []
+        for i, handle in enumerate(handles):
+            try:
+                results.append(handle.result)
+            except SpeculantError as error:
+                raise of_prompt(error, i) from error
+        return results
+
     # -- admission ------------------------------------------------------------------------
     def admit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
               inputs: Mapping[str, np.ndarray] | None = None, **fields) -> DecodeState:
@@ -265,9 +336,16 @@ class Engine:
         return Decode(state, self.target, proposer, policy, route, turn, self.tokenizer)
 
     def _admit(self, prompt: Prompt, options: GenerationOptions,
-               inputs: Mapping[str, np.ndarray] | None, *, with_text: bool
+               inputs: Mapping[str, np.ndarray] | None, *, with_text: bool,
+               batched: BatchedTargetPass | None = None
                ) -> tuple[DecodeState, Proposer | None, WidthPolicy]:
+        """``batched``: the request will decode with others, in a row of these caches."""
         options = options.checked()
+        if batched is not None and options.prompt_logprobs:
+            raise RequestError("prompt_logprobs are not recorded for requests decoded "
+                               "together (their prompt runs in chunks)", path="prompt_logprobs",
+                               value=True, remedy="decode the request alone "
+                                                  "(engine.generate(...))")
         if isinstance(prompt, str | bytes | bytearray):
             prompt_ids = tuple(self.tokenizer.encode(checked_text("prompt", prompt)))
         else:
@@ -281,8 +359,12 @@ class Engine:
         admitted = admit_request(plan, self.package.document.workflow.inputs, request,
                                  vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
                                  never_materialized=self._fused_values())
-        kind, k = admit_proposer(self.proposer_sources, request)
-        proposer, policy = build_proposer(self.proposer_sources, kind, request, k)
+        sources = self.proposer_sources if batched is None else dataclasses.replace(
+            self.proposer_sources, is_batched=True)
+        kind, k = admit_proposer(sources, request)
+        row = batched.reserve(len(prompt_ids), options.max_new_tokens, k if kind else 0) \
+            if batched is not None else None
+        proposer, policy = build_proposer(sources, kind, request, k)
         stop_ids = set(options.stop_token_ids)
         if options.stop_on_eos:
             stop_ids.update(plan.eos_ids)
@@ -306,7 +388,7 @@ class Engine:
                                   sampler=sampler, text=text, k=k if proposer else 0,
                                   residency=self.sessions[plan.target].device,
                                   pool=self.static_pool, constraint=constraint,
-                                  logprobs=logprobs)
+                                  logprobs=logprobs, row=row)
         state.stats.proposer = kind.name if kind is not None else None
         if sampler is not None:
             state.stats.seed, state.stats.acceptance = sampler.seed, sampler.acceptance

@@ -1,5 +1,6 @@
-"""One admitted request being decoded (`Decode`, `Stream`), its result (`Generation`), and the
-arrival-order turns that keep requests to one engine from interleaving (`Turns`).
+"""One admitted request being decoded (`Decode`, `Stream`; `BatchedDecode`, one decoded with
+others by the scheduler), its result (`Generation`), and the arrival-order turns that keep
+requests to one engine from interleaving (`Turns`; the scheduler's requests take none).
 
 An open decode holds its engine's turn until it is exhausted, closed (``close()``, the end of
 a ``with`` block) or garbage-collected. A decode left suspended by the thread that last
@@ -19,6 +20,7 @@ from speculant.errors import RequestError
 from speculant.speculative.decode import decode
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.round import Route
+from speculant.speculative.scheduler import Entry, Scheduler
 from speculant.speculative.width import WidthPolicy
 from speculant.workflow.logprobs import TokenLogprob
 from speculant.workflow.state import DecodeState
@@ -46,6 +48,24 @@ class Generation:
     def tokens_per_second(self) -> float:
         """Generated tokens over ``total_s`` (admission and prefill included)."""
         return len(self.token_ids) / self.total_s if self.total_s > 0 else float("inf")
+
+
+def generation_of(state: DecodeState, tokenizer, started: float, first_at: float | None,
+                  ended_at: float) -> Generation:
+    """What a finished decode produced (``first_at`` None: no token)."""
+    ids = state.tokens[state.prompt_len:]
+    if state.text is not None:
+        state.text.finish()  # the held-back tail, unless a stop string ended it
+        text: str | None = state.text.text
+    else:
+        text = tokenizer.decode(ids) if tokenizer.has_text else None
+    reason = "length" if state.stop_reason in LENGTH_REASONS else "stop"
+    first = first_at if first_at is not None else ended_at
+    recorded = state.logprobs
+    return Generation(list(ids), text, reason, state.prompt_len, state.stats,
+                      first - started, ended_at - started,
+                      None if recorded is None else list(recorded.generated),
+                      None if recorded is None else recorded.prompt)
 
 
 class Turn:
@@ -184,20 +204,8 @@ class Decode:
         if self._ended_at is None:
             raise RequestError("the decode has not finished", path="result",
                                remedy="iterate it to the end, or close() it first")
-        state = self.state
-        ids = state.tokens[state.prompt_len:]
-        if state.text is not None:
-            state.text.finish()  # the held-back tail, unless a stop string ended it
-            text: str | None = state.text.text
-        else:
-            text = self.tokenizer.decode(ids) if self.tokenizer.has_text else None
-        reason = "length" if state.stop_reason in LENGTH_REASONS else "stop"
-        first = self._first_at if self._first_at is not None else self._ended_at
-        recorded = state.logprobs
-        return Generation(list(ids), text, reason, state.prompt_len, state.stats,
-                          first - self._started, self._ended_at - self._started,
-                          None if recorded is None else list(recorded.generated),
-                          None if recorded is None else recorded.prompt)
+        return generation_of(self.state, self.tokenizer, self._started, self._first_at,
+                             self._ended_at)
 
     def _end(self) -> None:
         if self._ended_at is None:
@@ -215,11 +223,72 @@ class Decode:
             self._turn.release()
 
 
+class BatchedDecode:
+    """A request decoded with others by the engine's scheduler (speculative/scheduler.py):
+    iterate for its committed token ids — each ``next`` steps the scheduler, every row with
+    it, until this request has a token (so any thread may drive it; one step runs at a
+    time) — ``result`` once exhausted; ``close()`` cancels it, its row free at the next
+    step. :class:`Stream` gives its text pieces, as a :class:`Decode`'s."""
+
+    def __init__(self, entry: Entry, scheduler: Scheduler, tokenizer) -> None:
+        self.entry, self.scheduler, self.tokenizer = entry, scheduler, tokenizer
+        self.state = entry.state
+
+    def __iter__(self) -> BatchedDecode:
+        return self
+
+    def __enter__(self) -> BatchedDecode:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __next__(self) -> int:
+        entry = self.entry
+        while not entry.committed:
+            if entry.error is not None:
+                raise entry.error
+            if entry.is_done:
+                raise StopIteration
+            self.scheduler.step()
+        return entry.committed.popleft()
+
+    @property
+    def stats(self) -> DecodeStats:
+        return self.state.stats
+
+    @property
+    def is_finished(self) -> bool:
+        return self.entry.is_done
+
+    def close(self) -> None:
+        """Cancel the request (a client that went away): nothing more is committed."""
+        self.entry.cancel()
+        self.entry.committed.clear()
+
+    def __del__(self) -> None:  # an abandoned request must not hold its row to the end
+        if not self.entry.is_done:
+            self.entry.cancel()
+
+    @property
+    def result(self) -> Generation:
+        entry = self.entry
+        if not entry.is_done:
+            self.scheduler.step()  # a cancelled request leaves at the next step
+        if entry.ended_at is None:
+            raise RequestError("the request has not finished", path="result",
+                               remedy="iterate it to the end, or close() it first")
+        if entry.error is not None:
+            raise entry.error
+        return generation_of(self.state, self.tokenizer, entry.submitted_at, entry.first_at,
+                             entry.ended_at)
+
+
 class Stream:
     """Text pieces of a :class:`Decode` (never a broken character, never stop text). A
     context manager: leaving ``with engine.stream(...) as pieces:`` closes it."""
 
-    def __init__(self, decode: Decode) -> None:
+    def __init__(self, decode: Decode | BatchedDecode) -> None:
         assert decode.state.text is not None
         self.decode = decode
         self._text = decode.state.text

@@ -61,10 +61,13 @@ class DraftModel:
         self.static_pool = StaticPool()  # its static caches and plans, kept across requests
 
     def start(self, request: Request, k: int, *, target_logits_width: int | None,
-              target_tokenizer_vocab: int | None) -> DraftModelProposer:
+              target_tokenizer_vocab: int | None,
+              is_pooled: bool = True) -> DraftModelProposer:
         """Admit ``request`` on the draft side and return its proposer:
         the vocabulary must equal the target's, its groups must allow rolling back
-        ``k − 1`` positions, and its own admission must pass."""
+        ``k − 1`` positions, and its own admission must pass. ``is_pooled``: its static
+        caches are the pool's (requests one at a time); False: its own (requests decoded
+        together)."""
         root = str(self.package.root)
         for what, draft_size, target_size in (
                 ("logits width", self.logits_width, target_logits_width),
@@ -94,7 +97,7 @@ class DraftModel:
         cells = start_cells(self.seam, self.package, num_prompt=len(request.prompt_ids),
                             max_new_tokens=options.max_new_tokens, k=k,
                             residency=self.session.device, what="draft model's request",
-                            pool=self.static_pool)
+                            pool=self.static_pool if is_pooled else None)
         return DraftModelProposer(self, admitted, cells)
 
 

@@ -52,6 +52,9 @@ class ProposerSources:
     costs: WidthCosts = field(default_factory=WidthCosts)  # measured, for k="auto"
     target_session: ComponentSession | None = None  # observed while k="auto" decodes
     proposing_sessions: tuple[ComponentSession, ...] = ()  # the proposers' sessions, alike
+    # requests decoded together (speculative/scheduler.py): only kinds that can run per row,
+    # each draft model with caches of its own (not the engine's pool, kept for one request)
+    is_batched: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class ProposerKind(Protocol):
 
     name: str
     help: str
+    can_batch: bool  # whether requests decoded together (one row each) can use it
 
     def bound(self, sources: ProposerSources) -> Bound: ...
     def default_k(self, sources: ProposerSources) -> int: ...
@@ -87,6 +91,7 @@ def _rollback_bound(sources: ProposerSources, name: str) -> Bound:
 class Chained:
     name = "chained"
     help = "the chained drafter the package declares"
+    can_batch = False  # its borrowed caches would be rows of the target's: not yet
 
     def bound(self, sources: ProposerSources) -> Bound:
         if sources.chained is None or sources.plan.rollback_bound is None:
@@ -111,6 +116,7 @@ class Chained:
 class Draft:
     name = "draft"
     help = "a draft model (load(..., draft=PATH); CLI --draft)"
+    can_batch = True
 
     def bound(self, sources: ProposerSources) -> Bound:
         if sources.draft is None:
@@ -132,12 +138,14 @@ class Draft:
     def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
         assert sources.draft is not None
         return sources.draft.start(request, k, target_logits_width=sources.logits_width,
-                                   target_tokenizer_vocab=sources.tokenizer_vocab)
+                                   target_tokenizer_vocab=sources.tokenizer_vocab,
+                                   is_pooled=not sources.is_batched)
 
 
 class PromptLookup:
     name = "prompt_lookup"
     help = "n-grams of the prompt and the output (no model)"
+    can_batch = True
 
     def bound(self, sources: ProposerSources) -> Bound:
         return _rollback_bound(sources, self.name)
@@ -200,6 +208,17 @@ def admit_proposer(sources: ProposerSources, request: Request) -> tuple[Proposer
     kind = resolve(request.options.proposer, sources)
     if kind is None:
         return None, 0
+    if sources.is_batched and not kind.can_batch:
+        asked = request.options.proposer
+        raise RequestError(
+            f"proposer '{kind.name}'" + (f" (what '{asked}' is here)" if asked != kind.name
+                                         else "") + " does not run on requests decoded "
+            "together yet", path="proposer", value=asked,
+            expected="one of " + ", ".join(repr(k.name) for k in KINDS.values() if k.can_batch)
+            + " or None",
+            remedy="use proposer='prompt_lookup' or 'draft' (or None) with the scheduler "
+                   "(generate_many / submit), or decode this request alone with "
+                   "engine.generate(...)")
     bound = kind.bound(sources)
     asked = request.options.k
     k = asked if isinstance(asked, int) else kind.default_k(sources)

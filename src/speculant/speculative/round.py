@@ -27,7 +27,7 @@ from speculant.speculative.verify import verify, verify_in_place
 from speculant.speculative.width import FixedWidth, WidthPolicy
 from speculant.tensors import Value
 from speculant.workflow.state import DecodeState, RoundResult
-from speculant.workflow.target_pass import UNREAD, TargetPass
+from speculant.workflow.target_pass import UNREAD, TargetPass, resolved
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,9 @@ class Route:
 
 def launch_host_round(state: DecodeState, target: TargetPass, proposer: Proposer | None,
                       policy: WidthPolicy, k: int) -> LaunchedRound:
-    """Steps 1–3 of the reference round; its read is step 4, acceptance."""
+    """Steps 1–3 of the reference round; its read is step 4, acceptance. ``target`` may be
+    a row's of a batched step (speculative/scheduler.py): its pass then runs with the other
+    rows', and is read once that one pass has run."""
     # 1. Propose up to k drafts (and, under rejection sampling, the distributions q they
     #    came from).
     started = time.perf_counter()
@@ -53,10 +55,11 @@ def launch_host_round(state: DecodeState, target: TargetPass, proposer: Proposer
     block = [state.pending, *proposal.tokens]  # the pending token at C, drafts at C+1 … C+k
     # 2. Verify: the round's only target pass; row i scores the token after block[0..i]
     #    (drafts kept where they were made complete the block there).
-    verify_pass = target.run(block, state.consumed, state.cells, state.admitted,
-                             state.controls, drafts=proposal.drafts)
+    launched = target.run(block, state.consumed, state.cells, state.admitted,
+                          state.controls, drafts=proposal.drafts)  # a row's: run with others
 
     def read() -> RoundResult:
+        verify_pass = resolved(launched)
         # 3. Accept (the target's argmax or keyed draw per row, or rejection sampling):
         #    block[1..a) are accepted drafts, then the correction (a <= k) or the bonus.
         if proposal.drafts is None:  # drafts on the host (always under a grammar)

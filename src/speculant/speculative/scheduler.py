@@ -1,0 +1,238 @@
+"""The scheduler: requests decoded together, one batched target pass per step (continuous
+batching; docs/design/batching.md, "The scheduler").
+
+Requests join and leave between steps. Each request keeps everything a lone decode has —
+its :class:`~speculant.workflow.state.DecodeState` (stream, stop rules, sampler, counters),
+its proposer and its width policy — and holds one row of the engine's batched caches while
+it decodes, its state's consumed count being the row's cursor. Invariant between steps:
+every decoding row satisfies the decode state's invariant (its row holds exactly its consumed
+positions, the pending token is the target's latest choice); a prefilling row holds its first
+``C < P`` prompt positions. A step's rounds are the reference round (round.py's
+``launch_host_round``), whose target pass is the row's part of the one batched pass.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from speculant.errors import AdmissionError, SpeculantError
+from speculant.speculative.proposal import LaunchedRound, Proposer
+from speculant.speculative.round import launch_host_round
+from speculant.speculative.width import WidthPolicy
+from speculant.tensors import Value
+from speculant.workflow.batched_pass import BatchedTargetPass, RowBlock
+from speculant.workflow.cells import RowCells
+from speculant.workflow.request import Admitted
+from speculant.workflow.sampler import choose
+from speculant.workflow.state import DecodeState
+from speculant.workflow.target_pass import PassResult
+
+PREFILL_CHUNK = 128  # prompt tokens a row consumes per step, at most
+
+
+@dataclass(eq=False)
+class Entry:
+    """One request in the scheduler: its decode, its row, and the tokens committed that its
+    handle has not taken yet."""
+
+    state: DecodeState
+    proposer: Proposer | None
+    policy: WidthPolicy
+    committed: deque[int] = field(default_factory=deque)  # committed, not taken yet
+    error: SpeculantError | None = None  # what ended it, if not a stop rule
+    is_done: bool = False  # it left: nothing more will be committed
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_at: float | None = None  # when its first token was committed
+    ended_at: float | None = None
+
+    @property
+    def cells(self) -> RowCells:
+        return self.state.cells  # type: ignore[return-value]
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.state.consumed < self.state.prompt_len
+
+    @property
+    def widest(self) -> int:
+        return self.policy.widths[-1] if self.proposer is not None else 0
+
+    def cancel(self) -> None:
+        """Stop it (a client that went away): it leaves at the next step, its row free."""
+        self.state.stop("closed")
+
+
+class StepBatch:
+    """The rows' blocks of one step, run as one batched pass."""
+
+    def __init__(self) -> None:
+        self.blocks: list[RowBlock] = []
+        self.results: list[PassResult] | None = None
+
+    def run(self, target: BatchedTargetPass) -> None:
+        self.results = target.run(self.blocks)
+
+
+@dataclass(frozen=True)
+class QueuedPass:
+    """A row's pass in a :class:`StepBatch`, resolved once the batch has run."""
+
+    batch: StepBatch
+    index: int
+
+    def resolve(self) -> PassResult:
+        assert self.batch.results is not None, "read before the step's batched pass ran"
+        return self.batch.results[self.index]
+
+
+class RowTarget:
+    """The target as a row's round sees it (``launch_host_round``'s ``target``): a pass
+    joins the step's batch at the row's start — the state's consumed count — and is
+    resolved when the batch has run."""
+
+    def __init__(self, batch: StepBatch) -> None:
+        self.batch = batch
+
+    def run(self, tokens: list[int], start: int, cells: RowCells, admitted: Admitted,
+            controls: dict[str, Value], *, drafts: Value | None = None) -> QueuedPass:
+        assert drafts is None, "a batched row's drafts are on the host"
+        self.batch.blocks.append(RowBlock(tuple(tokens), start, cells))
+        return QueuedPass(self.batch, len(self.batch.blocks) - 1)
+
+
+class Scheduler:
+    """The engine's loop for requests decoded together: :meth:`submit` queues an admitted
+    request, :meth:`step` runs one batched step (the module says what a step does)."""
+
+    def __init__(self, target: BatchedTargetPass, *, prefill_chunk: int = PREFILL_CHUNK
+                 ) -> None:
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or \
+                prefill_chunk < 1:
+            raise AdmissionError("prefill_chunk must be a number of prompt tokens >= 1",
+                                 path="prefill_chunk", value=prefill_chunk,
+                                 expected="an integer >= 1 (default 128)")
+        self.target = target
+        self.prefill_chunk = prefill_chunk
+        self.rows: list[Entry | None] = [None] * target.rows  # row -> its request
+        self.waiting: deque[Entry] = deque()  # admitted, waiting for a free row
+        self.num_steps = 0
+        self._lock = threading.Lock()  # one step at a time, whoever drives it
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting) or any(entry is not None for entry in self.rows)
+
+    def submit(self, state: DecodeState, proposer: Proposer | None,
+               policy: WidthPolicy) -> Entry:
+        """Queue an admitted request (its state's cells a reserved :class:`RowCells`); it
+        takes a row at the next step with one free. Inactive serving controls end it now."""
+        entry = Entry(state, proposer, policy)
+        state.stats.route = "batched: one row of the scheduler's passes, each round read " \
+                            "before the next"
+        with self._lock:
+            if state.is_active:
+                self.waiting.append(entry)
+            else:
+                state.stop("inactive")
+                self._end(entry)
+        return entry
+
+    def step(self) -> bool:
+        """One step: admit, propose, one batched pass, accept and commit per row, leave.
+        False when no request was waiting or decoding (nothing ran)."""
+        with self._lock:
+            self._leave()
+            # 1. Waiting requests take free rows.
+            for row, taken in enumerate(self.rows):
+                if taken is None and self.waiting:
+                    self.rows[row] = entry = self.waiting.popleft()
+                    entry.cells.row = row
+            busy = [entry for entry in self.rows if entry is not None]
+            if not busy:
+                return False
+            # 2. The step's width W keeps every row's window [L_b, L_b + W) in its row.
+            room = min(self.target.capacity - entry.state.consumed for entry in busy)
+            is_prefilling = any(entry.is_prefilling for entry in busy)
+            batch, launched = StepBatch(), {}
+            for entry in busy:
+                try:
+                    launched[entry] = self._launch(entry, RowTarget(batch), room,
+                                                   is_prefilling)
+                except SpeculantError as error:  # its proposer's: the request ends alone
+                    self._fail(entry, error)
+            busy = list(launched)
+            # 3. One target pass for every row.
+            try:
+                if busy:
+                    batch.run(self.target)
+            except SpeculantError as error:
+                for entry in busy:
+                    self._fail(entry, error)
+            else:
+                for entry in busy:  # 4. Accept and commit per row.
+                    try:
+                        self._read(entry, launched[entry])
+                    except SpeculantError as error:
+                        self._fail(entry, error)
+            self.num_steps += 1
+            self._leave()  # 5. Stopped and cancelled rows leave.
+            return True
+
+    def _launch(self, entry: Entry, target: RowTarget, room: int,
+                is_prefilling: bool) -> QueuedPass | LaunchedRound:
+        """A prefilling row's next prompt chunk, or a decoding row's round: k drafts
+        (none in a step where a row prefills: onnxruntime-genai's rule)."""
+        state = entry.state
+        if entry.is_prefilling:
+            start = state.consumed
+            chunk = state.tokens[start:min(start + min(self.prefill_chunk, room),
+                                           state.prompt_len)]
+            return target.run(chunk, start, entry.cells, state.admitted, state.controls)
+        k = 0 if is_prefilling else entry.policy.width(
+            state, min(state.capped_width(entry.widest), room - 1))
+        return launch_host_round(state, target, entry.proposer, entry.policy, k)
+
+    def _read(self, entry: Entry, launched: QueuedPass | LaunchedRound) -> None:
+        state = entry.state
+        if isinstance(launched, QueuedPass):
+            chunk = launched.resolve()
+            if chunk.end < state.prompt_len:  # the prompt goes on next step
+                state.advance(chunk, len(chunk.tokens))
+                return
+            # the prompt's last row gives the first token, at position P
+            last_row = state.seam.last_along_axis(chunk.logits, chunk.logits.rank - 2)
+            first, _ = choose(state.seam, state.sampler, last_row, len(state.tokens),
+                              state.constraint)
+            committed = state.record_prefill(chunk, first)
+        else:
+            result = launched.read()
+            entry.policy.observe(result)
+            committed = state.record(result)
+        if committed and entry.first_at is None:
+            entry.first_at = time.perf_counter()
+        entry.committed.extend(committed)
+
+    def _fail(self, entry: Entry, error: SpeculantError) -> None:
+        entry.error = error
+        entry.state.stop("error")
+
+    def _leave(self) -> None:
+        """Free the row of every stopped request and end it; a cancelled waiting request
+        leaves the queue."""
+        for row, entry in enumerate(self.rows):
+            if entry is not None and entry.state.is_stopped:
+                self.rows[row] = None
+                entry.cells.row = None
+                self._end(entry)
+        for entry in [e for e in self.waiting if e.state.is_stopped]:
+            self.waiting.remove(entry)
+            self._end(entry)
+
+    def _end(self, entry: Entry) -> None:
+        entry.is_done, entry.ended_at = True, time.perf_counter()
+        stats = entry.state.stats
+        stats.stop_reason = entry.state.stop_reason
+        stats.residency = entry.state.seam.counters.snapshot()

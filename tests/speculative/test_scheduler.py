@@ -1,0 +1,391 @@
+"""The scheduler (speculative/scheduler.py, docs/design/batching.md "The scheduler") on the
+tiny export pair written with ``batch=4``, CPU float32: each request's output decoded with
+others equals its output alone (engine.generate, batch 1) token for token — for every host
+proposer and k, with prompts in chunks, requests joining and leaving mid-decode, stop strings,
+cancellation, seeded sampling and randomised arrival schedules. Each pass writes only its
+rows' valid slots. Planted defects (a cursor from another row, padding written, a stale
+length after a rollback, a finished row still counted) are each caught by the check named
+in their test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import speculant
+from export.export_models import (
+    CONFIG,
+    DRAFT_CONFIG,
+    DRAFT_WEIGHTS,
+    DRAFTER_WEIGHTS,
+    TARGET_WEIGHTS,
+    write_tokenizer,
+)
+from speculant.errors import AdmissionError, RequestError, SpeculantError
+from speculant.generation import Stream
+from speculant.speculative import scheduler as scheduler_module
+from speculant.workflow import batched_pass
+from speculant_tools.export import write_decoder_package, write_pair_package
+
+ROWS = 4
+# prompts of different lengths (more than ROWS: some wait for a row), their max_new_tokens
+PROMPTS = [[7, 3, 41, 12], [9, 2, 5], [33, 48, 2, 17, 5, 6, 30, 11, 40, 9, 9, 9],
+           [14, 8, 21, 3, 3], [22, 22, 22, 22, 22, 22, 22, 22, 22], [40, 41, 42, 40, 41, 42, 40],
+           [5, 6]]
+MAX_NEW = [10, 16, 8, 20, 12, 14, 18]
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("scheduler")
+    tokenizer = write_tokenizer(base / "tokenizer.json")
+    return {"pair": write_pair_package(base / "pair", TARGET_WEIGHTS, CONFIG, DRAFTER_WEIGHTS,
+                                       tokenizer, graph="explicit", cache="static",
+                                       batch=ROWS),
+            "draft": write_decoder_package(base / "draft", DRAFT_WEIGHTS, DRAFT_CONFIG,
+                                           tokenizer, cache="static"),
+            "plain": write_pair_package(base / "plain", TARGET_WEIGHTS, CONFIG,
+                                        DRAFTER_WEIGHTS, tokenizer, graph="explicit",
+                                        cache="static")}
+
+
+@pytest.fixture(scope="module")
+def engines(roots) -> Callable[..., speculant.Engine]:
+    """``engines(rows, chunk)``: one engine with the draft model per scheduler shape."""
+    made: dict[tuple[int, int], speculant.Engine] = {}
+
+    def get(rows: int = ROWS, chunk: int = 128) -> speculant.Engine:
+        if (rows, chunk) not in made:
+            made[rows, chunk] = speculant.load(roots["pair"], draft=roots["draft"],
+                                               max_batch=rows, prefill_chunk=chunk)
+        return made[rows, chunk]
+
+    return get
+
+
+ALONE: dict[tuple, speculant.Generation] = {}
+
+
+def alone(engine: speculant.Engine, prompt: Sequence[int] | str, **options
+          ) -> speculant.Generation:
+    """The request decoded by itself (engine.generate: batch 1, the decode loop)."""
+    key = (tuple(prompt) if not isinstance(prompt, str) else prompt,
+           tuple(sorted(options.items())))
+    if key not in ALONE:
+        ALONE[key] = engine.generate(list(prompt) if not isinstance(prompt, str) else prompt,
+                                     **options)
+    return ALONE[key]
+
+
+def mismatches(engine: speculant.Engine, prompts: Sequence[Sequence[int]],
+               options: Sequence[dict]) -> list[int]:
+    """The indices of the requests whose output decoded together (generate_many) differs
+    from their output alone; every index where decoding together raised."""
+    from speculant.workflow.options import GenerationOptions
+
+    try:
+        together = engine.generate_many(prompts, [GenerationOptions.of(**o) for o in options])
+    except SpeculantError:
+        return list(range(len(prompts)))
+    return [i for i, (prompt, one, got) in enumerate(zip(prompts, options, together,
+                                                         strict=True))
+            if got.token_ids != alone(engine, prompt, **one).token_ids]
+
+
+GREEDY_CASES = [(None, None), *[("prompt_lookup", k) for k in (1, 2, 4, "auto")],
+                *[("draft", k) for k in (1, 2, 4, "auto")]]
+
+
+@pytest.mark.parametrize(("rows", "chunk"), [(ROWS, 128), (3, 3)])
+@pytest.mark.parametrize(("proposer", "k"), GREEDY_CASES)
+def test_each_request_decoded_together_equals_its_output_alone(engines, rows, chunk,
+                                                               proposer, k):
+    engine = engines(rows, chunk)
+    options = [{"max_new_tokens": n, "proposer": proposer, "k": k} for n in MAX_NEW]
+    assert mismatches(engine, PROMPTS, options) == []
+    if proposer is not None and k != "auto":  # speculation ran, and rolled back
+        stats = [g.stats for g in engine.generate_many(PROMPTS[:3], [
+            speculant.GenerationOptions(**o) for o in options[:3]])]
+        assert sum(s.rounds for s in stats) > 0
+        assert all(s.rollback_bytes_moved == 0 for s in stats)
+
+
+def test_requests_join_and_leave_mid_decode_with_their_own_stop_rules(engines):
+    """Requests arrive while others decode; each keeps its own max_new_tokens, stop string
+    and EOS rule, and equals its output alone (token ids, text, finish reason)."""
+    engine = engines()
+    texts = ["0123", "abc", "9:;<=", "ABAB", "@@@"]
+    full = [alone(engine, text, max_new_tokens=12, stop_on_eos=False) for text in texts]
+    stops = [full[0].text[3:5], (), full[2].text[1:3], (), full[4].text[5:6]]
+    options = [{"max_new_tokens": 12, "stop": stop, "stop_on_eos": False,
+                "proposer": "prompt_lookup", "k": 2} for stop in stops]
+    handles = [engine.submit(texts[0], **options[0]), engine.submit(texts[1], **options[1])]
+    for text, one in zip(texts[2:], options[2:], strict=True):
+        for _ in range(3):  # the earlier requests decode a few steps first
+            engine.scheduler.step()
+        handles.append(engine.submit(text, **one))
+    pieces = [list(Stream(handle)) for handle in handles]
+    for text, one, handle, streamed in zip(texts, options, handles, pieces, strict=True):
+        expected, got = alone(engine, text, **one), handle.result
+        assert got.token_ids == expected.token_ids
+        assert got.text == expected.text == "".join(streamed)
+        assert got.finish_reason == expected.finish_reason
+    assert {h.result.stats.stop_reason for h in handles} == {"stop_string", "max_new_tokens"}
+    assert not engine.scheduler.has_work
+
+
+def test_a_cancelled_request_stops_mid_stream_and_frees_its_row(engines):
+    engine = engines()
+    handles = [engine.submit(prompt, max_new_tokens=n, proposer="prompt_lookup", k=2)
+               for prompt, n in zip(PROMPTS[:3], MAX_NEW[:3], strict=True)]
+    cancelled = handles[1]
+    taken = [next(cancelled) for _ in range(3)]
+    cancelled.close()
+    row_of = {id(entry): row for row, entry in enumerate(engine.scheduler.rows) if entry}
+    assert id(cancelled.entry) in row_of
+    engine.scheduler.step()
+    assert cancelled.entry not in engine.scheduler.rows and cancelled.is_finished
+    passes = cancelled.stats.target_passes
+    rest = [list(handle) for handle in (handles[0], handles[2])]
+    expected = alone(engine, PROMPTS[1], max_new_tokens=MAX_NEW[1], proposer="prompt_lookup",
+                     k=2).token_ids
+    result = cancelled.result
+    assert result.token_ids[:3] == taken == expected[:3]
+    assert result.token_ids == expected[:len(result.token_ids)]
+    assert result.stats.stop_reason == "closed" and cancelled.stats.target_passes == passes
+    assert list(cancelled) == []
+    for prompt, n, tokens in zip((PROMPTS[0], PROMPTS[2]), (MAX_NEW[0], MAX_NEW[2]), rest,
+                                 strict=True):
+        assert tokens == alone(engine, prompt, max_new_tokens=n, proposer="prompt_lookup",
+                               k=2).token_ids
+
+
+@pytest.mark.parametrize("proposer", [None, "prompt_lookup", "draft"])
+def test_seeded_sampling_draws_the_same_tokens_together_as_alone(engines, proposer):
+    engine = engines(3, 4)
+    options = [{"max_new_tokens": n, "temperature": 0.9, "top_p": 0.95, "seed": 11 + i,
+                "proposer": proposer, "k": 2 if proposer else None}
+               for i, n in enumerate(MAX_NEW)]
+    assert mismatches(engine, PROMPTS, options) == []
+    differs = engine.generate_many(PROMPTS[:2], [speculant.GenerationOptions(
+        max_new_tokens=16, temperature=0.9, seed=s) for s in (1, 2)])
+    assert differs[0].token_ids != alone(engine, PROMPTS[0], max_new_tokens=16,
+                                         temperature=0.9, seed=2).token_ids
+
+
+def test_logprobs_are_recorded_per_request_as_alone(engines):
+    engine = engines(3, 4)
+    options = speculant.GenerationOptions(max_new_tokens=8, logprobs=2,
+                                          proposer="prompt_lookup", k=2)
+    together = engine.generate_many(PROMPTS[:4], options)
+    for prompt, got in zip(PROMPTS[:4], together, strict=True):
+        expected = alone(engine, prompt, max_new_tokens=8, logprobs=2,
+                         proposer="prompt_lookup", k=2)
+        assert [t.token for t in got.logprobs] == got.token_ids == expected.token_ids
+        np.testing.assert_allclose([t.logprob for t in got.logprobs],
+                                   [t.logprob for t in expected.logprobs], atol=1e-4)
+        assert [[i for i, _ in t.top] for t in got.logprobs] == \
+            [[i for i, _ in t.top] for t in expected.logprobs]
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arrivals=st.lists(st.tuples(st.integers(0, 12), st.integers(0, len(PROMPTS) - 1),
+                                   st.integers(1, 14), st.sampled_from([None, "prompt_lookup"])),
+                         min_size=1, max_size=8),
+       rows=st.integers(1, ROWS), chunk=st.sampled_from([2, 5, 128]))
+def test_randomised_arrival_schedules_keep_every_output(engines, arrivals, rows, chunk):
+    """Requests submitted at random steps (several in one step, some while every row is
+    busy) each equal their output alone; every request ends and frees its row."""
+    engine = engines(rows, chunk)
+    scheduler = engine.scheduler
+    handles, step = [], 0
+    pending = sorted(arrivals)
+    while pending or scheduler.has_work:
+        while pending and pending[0][0] <= step:
+            _, index, n, proposer = pending.pop(0)
+            handles.append((index, n, proposer, engine.submit(
+                PROMPTS[index], max_new_tokens=n, proposer=proposer, k=2 if proposer else None)))
+        scheduler.step()
+        step += 1
+        assert step < 500
+    for index, n, proposer, handle in handles:
+        expected = alone(engine, PROMPTS[index], max_new_tokens=n, proposer=proposer,
+                         k=2 if proposer else None)
+        assert list(handle) == handle.result.token_ids == expected.token_ids
+    assert scheduler.rows == [None] * rows
+
+
+# -- what each pass writes, and the planted defects -------------------------------------------
+def snapshot(target: batched_pass.BatchedTargetPass) -> np.ndarray:
+    """Every cache buffer's bytes, [cells, rows, ..., capacity, ...] (a copy)."""
+    return np.stack([np.array(buffer.data) for buffer in target.buffers.values()])
+
+
+def checked_writes(engine: speculant.Engine, monkeypatch) -> list[str]:
+    """Spy on the batched pass: after every pass, the slots of each row that changed outside
+    ``[L_b, L_b + W_b)`` (its block, at its state's cursor) — a free row: anywhere."""
+    target = engine.scheduler.target
+    for buffer in target.buffers.values():  # random bytes: any write shows
+        buffer.data[...] = np.random.default_rng(3).standard_normal(buffer.shape)
+    found: list[str] = []
+    run = batched_pass.BatchedTargetPass.run
+
+    def spied(self, blocks):
+        before = snapshot(self)
+        results = run(self, blocks)
+        changed = (before != snapshot(self)).any(axis=(0, 2, 4))  # [rows, capacity]
+        allowed = np.zeros_like(changed)
+        for block in blocks:
+            allowed[block.cells.row, block.start:block.start + len(block.tokens)] = True
+        for row, slot in zip(*np.nonzero(changed & ~allowed), strict=True):
+            found.append(f"row {row} slot {slot}")
+        return results
+
+    monkeypatch.setattr(batched_pass.BatchedTargetPass, "run", spied)
+    return found
+
+
+@pytest.fixture
+def fresh_engine(roots) -> speculant.Engine:
+    """An engine of its own (a planted defect never reaches the shared ones)."""
+    return speculant.load(roots["pair"], max_batch=ROWS, prefill_chunk=4)
+
+
+def test_each_pass_writes_only_its_rows_valid_slots(fresh_engine, monkeypatch):
+    found = checked_writes(fresh_engine, monkeypatch)
+    fresh_engine.generate_many(PROMPTS[:3], max_new_tokens=8, proposer="prompt_lookup", k=2)
+    assert found == []
+
+
+def test_planted_padding_written_is_caught(fresh_engine, monkeypatch):
+    """block_lengths = W for every row: the free row and the short rows' padding written."""
+    monkeypatch.setattr(batched_pass, "row_widths",
+                        lambda blocks, rows, width: np.full(rows, width, np.int64))
+    found = checked_writes(fresh_engine, monkeypatch)
+    fresh_engine.generate_many(PROMPTS[:3], max_new_tokens=8, proposer="prompt_lookup", k=2)
+    assert any(f.startswith("row 3 ") for f in found)  # the free row
+    assert len({f.split(" slot")[0] for f in found}) >= 2
+
+
+def test_planted_cursor_of_another_row_is_caught(fresh_engine, monkeypatch):
+    """Each row's block written and read at the next row's cursor: the drafts are verified
+    against another row's cache."""
+    cursors = batched_pass.row_cursors
+    monkeypatch.setattr(batched_pass, "row_cursors",
+                        lambda blocks, rows: np.roll(cursors(blocks, rows), 1))
+    options = [{"max_new_tokens": n, "proposer": "prompt_lookup", "k": 2} for n in MAX_NEW]
+    assert mismatches(fresh_engine, PROMPTS[:4], options[:4]) != []
+
+
+def test_planted_stale_length_after_a_rollback_is_caught(fresh_engine, monkeypatch):
+    """A row's cursor kept by the scheduler (start + the block's width), not taken from its
+    state's consumed count: after a rollback it is stale."""
+    options = [{"max_new_tokens": n, "proposer": "prompt_lookup", "k": 4} for n in MAX_NEW]
+    together = fresh_engine.generate_many(PROMPTS[:4], [speculant.GenerationOptions(**o)
+                                                        for o in options[:4]])
+    assert sum(g.stats.rollbacks for g in together) > 0  # the defect has something to spoil
+    ends: dict[int, int] = {}
+    run = scheduler_module.RowTarget.run
+
+    def stale(self, tokens, start, cells, admitted, controls, **kwargs):
+        start = ends.get(id(cells), start)
+        ends[id(cells)] = start + len(tokens)
+        return run(self, tokens, start, cells, admitted, controls, **kwargs)
+
+    monkeypatch.setattr(scheduler_module.RowTarget, "run", stale)
+    assert mismatches(fresh_engine, PROMPTS[:4], options[:4]) != []
+
+
+def passes_after_finishing(engine: speculant.Engine, max_steps: int = 200) -> list[str]:
+    """Drive three requests by :meth:`step`; what a finished request did afterwards: its
+    row in a later pass, its counters changed."""
+    scheduler = engine.scheduler
+    handles = [engine.submit(p, max_new_tokens=n) for p, n in zip(PROMPTS[:3], (3, 9, 14),
+                                                                 strict=True)]
+    found, finished = [], {}
+    for _ in range(max_steps):
+        if all(h.is_finished for h in handles):
+            break
+        rows_before = {id(e): e for e in scheduler.rows if e is not None}
+        scheduler.step()
+        for i, handle in enumerate(handles):
+            if i in finished:
+                if id(handle.entry) in rows_before:
+                    found.append(f"request {i} still in a row")
+                if handle.stats.target_passes != finished[i]:
+                    found.append(f"request {i} counted after it finished")
+            elif handle.state.is_stopped:
+                finished[i] = handle.stats.target_passes
+    return found
+
+
+def test_a_finished_row_leaves_and_is_never_counted_again(fresh_engine):
+    assert passes_after_finishing(fresh_engine) == []
+
+
+def test_planted_finished_row_still_counted_is_caught(fresh_engine, monkeypatch):
+    def keeps_rows(self):  # ends stopped requests but leaves them in their rows
+        for entry in self.rows:
+            if entry is not None and entry.state.is_stopped and not entry.is_done:
+                self._end(entry)
+
+    monkeypatch.setattr(scheduler_module.Scheduler, "_leave", keeps_rows)
+    found = passes_after_finishing(fresh_engine, max_steps=40)
+    assert any("still in a row" in f for f in found)
+    assert any("counted after it finished" in f for f in found)
+
+
+# -- refusals ---------------------------------------------------------------------------------
+def test_the_chained_drafter_is_refused_with_the_remedy(engines):
+    engine = engines()
+    with pytest.raises(RequestError) as caught:
+        engine.submit(PROMPTS[0], max_new_tokens=4, proposer="chained")
+    problem = caught.value.problems[0]
+    assert problem.path == "proposer" and problem.value == "chained"
+    assert "decoded together" in problem.message and "prompt_lookup" in problem.remedy
+    assert not engine.scheduler.has_work
+
+
+def test_a_request_beyond_a_rows_capacity_is_refused_with_the_numbers(engines):
+    with pytest.raises(RequestError) as caught:
+        engines().submit(PROMPTS[2], max_new_tokens=50, proposer="prompt_lookup", k=4)
+    problem = caught.value.problems[0]
+    assert problem.path == "max_new_tokens" and problem.value == 12 + 50 + 4 + 1
+    assert "64" in problem.message and "at most 47" in problem.remedy
+
+
+def test_generate_many_names_the_prompt_and_queues_nothing(engines):
+    engine = engines()
+    with pytest.raises(RequestError) as caught:
+        engine.generate_many([PROMPTS[0], PROMPTS[1]], [
+            speculant.GenerationOptions(max_new_tokens=4),
+            speculant.GenerationOptions(max_new_tokens=4, prompt_logprobs=True)])
+    assert caught.value.problems[0].path == "prompts[1].prompt_logprobs"
+    engine.scheduler.step()
+    assert not engine.scheduler.has_work
+    with pytest.raises(RequestError, match="3 options for 2 prompts"):
+        engine.generate_many(PROMPTS[:2], [speculant.GenerationOptions()] * 3)
+
+
+def test_a_package_without_a_batched_graph_says_so(roots):
+    engine = speculant.load(roots["plain"])
+    with pytest.raises(RequestError) as caught:
+        engine.generate_many(PROMPTS[:2], max_new_tokens=4)
+    problem = caught.value.problems[0]
+    assert problem.path == "batch" and "batch=N" in problem.remedy
+
+
+@pytest.mark.parametrize(("fields", "path"), [({"max_batch": 0}, "max_rows"),
+                                               ({"max_batch": ROWS + 1}, "max_rows"),
+                                               ({"prefill_chunk": 0}, "prefill_chunk")])
+def test_a_bad_scheduler_shape_is_refused_by_field(roots, fields, path):
+    engine = speculant.load(roots["pair"], **fields)
+    with pytest.raises(AdmissionError) as caught:
+        engine.submit(PROMPTS[0], max_new_tokens=4)
+    assert caught.value.problems[0].path.endswith(path)
