@@ -389,3 +389,17 @@ def test_a_bad_scheduler_shape_is_refused_by_field(roots, fields, path):
     with pytest.raises(AdmissionError) as caught:
         engine.submit(PROMPTS[0], max_new_tokens=4)
     assert caught.value.problems[0].path.endswith(path)
+
+
+def test_a_missing_batched_graph_is_refused_at_load_by_field(roots, tmp_path):
+    import shutil
+
+    from speculant.errors import MetadataError
+
+    copy = shutil.copytree(roots["pair"], tmp_path / "pair")
+    (copy / "target" / "batched.onnx").unlink()
+    with pytest.raises(MetadataError) as caught:
+        speculant.load(copy)
+    problem = caught.value.problems[0]
+    assert problem.path.endswith("update.batch.artifacts.target")
+    assert problem.value == "target/batched.onnx"

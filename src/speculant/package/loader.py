@@ -76,13 +76,9 @@ def load_package(root: str | Path, device: str = "cpu") -> Package:
     facts = chain.derive(doc)  # sigma, kappa and the chain's contracts, read once
     problems = ProblemCollector(file)
     problems.extend(document_problems(doc, file, facts))
-    plan = derive_plan(doc, facts) if not problems.problems else None
-    batch = plan.static.batch if plan is not None and plan.static is not None else None
     with rule_of(problems, "4"):  # P2, P3
         artifacts = _confine_artifacts(doc, root, problems)
         tokenizer_file = top.resolve_tokenizer(doc, root, problems)
-        batched = confine(root, batch.artifact, batch.field, problems,
-                          what="batched artifact") if batch else None
     problems.raise_if_any()
 
     admission = ProblemCollector(file)
@@ -101,7 +97,12 @@ def load_package(root: str | Path, device: str = "cpu") -> Package:
         embedding_width = chain.admit(doc, graphs, files, admission, root)
     admission.raise_if_any()
 
-    assert plan is not None
+    plan = derive_plan(doc, facts)
+    batch = plan.static.batch if plan.static is not None else None
+    with rule_of(admission, "4"):  # the batched graph's file: P2, P3
+        batched = confine(root, batch.artifact, batch.field, admission,
+                          what="batched artifact") if batch else None
+    admission.raise_if_any()
     return Package(root=root, metadata_file=metadata_file, document=doc, plan=plan,
                    artifacts=artifacts, graphs=graphs, tokenizer_file=tokenizer_file,
                    embedding_width=embedding_width, batched_artifact=batched)
