@@ -272,13 +272,24 @@ class Engine:
     def submit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
                inputs: Mapping[str, np.ndarray] | None = None, **fields) -> BatchedDecode:
         """Admit now (a bad request raises here) and queue the request on the scheduler;
-        iterate the handle for committed token ids (each step runs every row), ``Stream(
-        handle)`` for text, ``.result`` at the end, ``.close()`` to cancel."""
+        iterate the handle for committed token ids (each step runs every row), ``.result``
+        at the end, ``.close()`` to cancel."""
         options = GenerationOptions.of(options, **fields)
+        return self._submit(prompt, options, inputs,
+                            with_text=isinstance(prompt, str) or bool(options.stop))
+
+    def submit_stream(self, prompt: Prompt, options: GenerationOptions | int | None = None,
+                      /, *, inputs: Mapping[str, np.ndarray] | None = None,
+                      **fields) -> Stream:
+        """:meth:`submit`, iterated for text pieces as :meth:`stream`'s are."""
+        return Stream(self._submit(prompt, GenerationOptions.of(options, **fields), inputs,
+                                   with_text=True))
+
+    def _submit(self, prompt: Prompt, options: GenerationOptions,
+                inputs: Mapping[str, np.ndarray] | None, *, with_text: bool) -> BatchedDecode:
         scheduler = self.scheduler
-        state, proposer, policy = self._admit(
-            prompt, options, inputs, with_text=isinstance(prompt, str) or bool(options.stop),
-            batched=scheduler.target)
+        state, proposer, policy = self._admit(prompt, options, inputs, with_text=with_text,
+                                              batched=scheduler.target)
         return BatchedDecode(scheduler.submit(state, proposer, policy), scheduler,
                              self.tokenizer)
 

@@ -106,9 +106,10 @@ def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None 
             if body.echo else ""
         if body.stream:
             return await _streamed(service, body, "text_completion", [
-                lambda c=c: engine.stream(prompt, budgeted(c)) for c in choices],
+                lambda c=c: service.open(prompt, budgeted(c), text=True) for c in choices],
                 echoed=echoed)
-        results = [await service.complete(lambda c=c: engine.decode(prompt, budgeted(c)),
+        results = [await service.complete(lambda c=c: service.open(prompt, budgeted(c),
+                                                                   text=False),
                                           request.is_disconnected) for c in choices]
 
         def logprobs(result) -> dict | None:
@@ -145,9 +146,9 @@ def create_app(engine: Any, model_name: str, defaults: GenerationOptions | None 
             prepared, stop=options.stop)
 
         def open_chat(choice: GenerationOptions):
-            return engine.stream(prompt, service.budgeted(
+            return service.open(prompt, service.budgeted(
                 choice, body.max_completion_tokens or body.max_tokens,
-                lambda: len(engine.tokenizer.encode(prompt))))
+                lambda: len(engine.tokenizer.encode(prompt))), text=True)
         choices = choice_options(options, body.n)
         if body.stream:
             return await _streamed(service, body, "chat.completion.chunk", [

@@ -90,7 +90,8 @@ def serve(
         from speculant.serve.app import create_app
 
         engine = load_engine(package, device=device, draft=draft, threads=threads,
-                             template_limits=template_limits)
+                             template_limits=template_limits,
+                             max_batch=limits.max_batch if limits.max_batch > 1 else None)
         app = create_app(engine, name, defaults, limits=limits)
     except SpeculantError as error:
         cli.fail(error)

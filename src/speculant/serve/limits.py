@@ -25,6 +25,9 @@ class ServerLimits:
     request_timeout_s: float = _limit(300.0, "--request-timeout", "Seconds a request may take "
                                       "from arrival, waiting included; past it the decode stops "
                                       "between steps: 504 (a stream: a last error event).")
+    max_batch: int = _limit(1, "--max-batch", "Requests decoded together, one batched target "
+                            "pass per step (a package with a batched target graph, up to its "
+                            "rows); 1: one request at a time.")
     max_waiting: int = _limit(32, "--max-waiting", "Requests that may wait for the engine; "
                               "one more is answered 429 with Retry-After.")
     retry_after_s: int = _limit(2, "--retry-after", "Retry-After of a 429 or a refused "

@@ -2,7 +2,9 @@
 decoded step by step, and counted.
 
 Every request, streamed or not, is decoded as an iterator (``engine.stream``,
-``engine.decode``) whose steps run on the service's :class:`EngineThread`; between two steps
+``engine.decode``; with ``--max-batch`` above 1, a row of the engine's scheduler:
+``engine.submit_stream``, ``engine.submit``) whose steps run on the service's
+:class:`EngineThread`; between two steps
 the request's deadline and its client are checked, so a request past its deadline, or whose
 client went away, stops there and frees the engine. Requests wait for the engine in the
 :class:`Admission` queue (asyncio, holding no thread).
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speculant import GenerationOptions
+from speculant.errors import RequestError
 from speculant.serve.admission import Admission, DeadlineExceededError, EngineThread, Ticket
 from speculant.serve.limits import UNDECLARED_CONTEXT_TOKENS, ServerLimits
 from speculant.serve.metrics import ServerMetrics
@@ -48,13 +51,32 @@ class Service:
         self.defaults = defaults
         self.limits = limits
         self.metrics = ServerMetrics(model_name)
-        self.admission = Admission(max_running=1, max_waiting=limits.max_waiting,
+        if not isinstance(limits.max_batch, int) or limits.max_batch < 1:
+            raise RequestError("max_batch must be a number of requests >= 1",
+                               path="max_batch", value=limits.max_batch,
+                               expected="an integer >= 1")
+        self.is_batched = limits.max_batch > 1
+        if self.is_batched:  # a package that cannot batch, or too many rows: refused now
+            engine.scheduler  # noqa: B018 - made (or refused) before the first request
+        self.admission = Admission(max_running=limits.max_batch,
+                                   max_waiting=limits.max_waiting,
                                    timeout_s=limits.request_timeout_s,
                                    retry_after_s=limits.retry_after_s)
         self.worker = EngineThread()
         self.metrics.waiting.labels(model_name).set_function(lambda: self.admission.num_waiting)
         self.metrics.running.labels(model_name).set_function(
             lambda: len(self.admission.running))
+
+    def open(self, prompt: Any, options: GenerationOptions, *, text: bool) -> Any:
+        """A request's decode, iterated on the engine thread: alone (``engine.stream`` for
+        text pieces, ``engine.decode`` for token ids), or with ``--max-batch`` above 1 a row
+        of the engine's scheduler, whose every step — run by whichever request asks for its
+        next piece — advances every row."""
+        if self.is_batched:
+            submit = self.engine.submit_stream if text else self.engine.submit
+        else:
+            submit = self.engine.stream if text else self.engine.decode
+        return submit(prompt, options)
 
     def budgeted(self, options: GenerationOptions, asked: int | None,
                  count_prompt: Callable[[], int]) -> GenerationOptions:
