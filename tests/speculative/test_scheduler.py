@@ -27,7 +27,6 @@ from export.export_models import (
     write_tokenizer,
 )
 from speculant.errors import AdmissionError, RequestError, SpeculantError
-from speculant.generation import Stream
 from speculant.speculative import scheduler as scheduler_module
 from speculant.workflow import batched_pass
 from speculant_tools.export import write_decoder_package, write_pair_package
@@ -124,12 +123,13 @@ def test_requests_join_and_leave_mid_decode_with_their_own_stop_rules(engines):
     stops = [full[0].text[3:5], (), full[2].text[1:3], (), full[4].text[5:6]]
     options = [{"max_new_tokens": 12, "stop": stop, "stop_on_eos": False,
                 "proposer": "prompt_lookup", "k": 2} for stop in stops]
-    handles = [engine.submit(texts[0], **options[0]), engine.submit(texts[1], **options[1])]
+    handles = [engine.submit_stream(texts[0], **options[0]),
+               engine.submit_stream(texts[1], **options[1])]
     for text, one in zip(texts[2:], options[2:], strict=True):
         for _ in range(3):  # the earlier requests decode a few steps first
             engine.scheduler.step()
-        handles.append(engine.submit(text, **one))
-    pieces = [list(Stream(handle)) for handle in handles]
+        handles.append(engine.submit_stream(text, **one))
+    pieces = [list(handle) for handle in handles]
     for text, one, handle, streamed in zip(texts, options, handles, pieces, strict=True):
         expected, got = alone(engine, text, **one), handle.result
         assert got.token_ids == expected.token_ids
