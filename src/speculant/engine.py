@@ -300,6 +300,11 @@ class Engine:
         """Decode ``prompts`` together through the scheduler (continuous batching) and return
         what :meth:`generate` returns for each, in order. ``options``: one for all, or one
         per prompt; an error names the prompt's index, and none is decoded then."""
+        if not isinstance(prompts, list | tuple) or prompts and not is_prompt_list(prompts):
+            raise RequestError("prompts must be a list of prompts (texts, or lists of token "
+                               "ids)", path="prompts", value=type(prompts).__name__,
+                               expected="[prompt, ...]",
+                               remedy="wrap a single prompt in a list, or use generate")
         per_prompt = list(options) if isinstance(options, list | tuple) else \
             [options] * len(prompts)
         if len(per_prompt) != len(prompts):

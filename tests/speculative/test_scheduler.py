@@ -403,3 +403,53 @@ def test_a_missing_batched_graph_is_refused_at_load_by_field(roots, tmp_path):
     problem = caught.value.problems[0]
     assert problem.path.endswith("update.batch.artifacts.target")
     assert problem.value == "target/batched.onnx"
+
+
+@pytest.mark.parametrize("prompts", ["0123", [7, 3, 41], 7])
+def test_generate_many_wants_a_list_of_prompts(engines, prompts):
+    with pytest.raises(RequestError) as caught:
+        engines().generate_many(prompts, max_new_tokens=4)
+    assert caught.value.problems[0].path == "prompts"
+    assert engines().generate_many([], max_new_tokens=4) == []
+
+
+def test_a_failed_pass_ends_its_step_s_requests_and_the_next_ones_decode(fresh_engine,
+                                                                        monkeypatch):
+    from speculant.errors import ContractError
+
+    run = batched_pass.BatchedTargetPass.run
+    calls = []
+
+    def fails_once(self, blocks):
+        calls.append(len(blocks))
+        if len(calls) == 3:
+            raise ContractError("planted: the pass failed", path="logits")
+        return run(self, blocks)
+
+    monkeypatch.setattr(batched_pass.BatchedTargetPass, "run", fails_once)
+    with pytest.raises(ContractError) as caught:
+        fresh_engine.generate_many(PROMPTS[:3], max_new_tokens=6)
+    assert caught.value.problems[0].path == "prompts[0].logits"
+    assert not fresh_engine.scheduler.has_work
+    assert mismatches(fresh_engine, PROMPTS[:3], [{"max_new_tokens": 6}] * 3) == []
+
+
+def test_a_proposer_error_ends_its_request_alone(fresh_engine, monkeypatch):
+    from speculant.speculative.prompt_lookup import PromptLookupProposer
+
+    propose = PromptLookupProposer.propose
+
+    def refuses_one(self, state, k):
+        if state.prompt_len == len(PROMPTS[1]) and state.num_generated >= 2:
+            raise RequestError("planted: this request's proposer failed", path="proposer")
+        return propose(self, state, k)
+
+    monkeypatch.setattr(PromptLookupProposer, "propose", refuses_one)
+    handles = [fresh_engine.submit(p, max_new_tokens=8, proposer="prompt_lookup", k=2)
+               for p in PROMPTS[:3]]
+    with pytest.raises(RequestError, match="planted"):
+        list(handles[1])
+    for i in (0, 2):
+        assert list(handles[i]) == alone(fresh_engine, PROMPTS[i], max_new_tokens=8,
+                                         proposer="prompt_lookup", k=2).token_ids
+    assert handles[1].state.stop_reason == "error" and not fresh_engine.scheduler.has_work
