@@ -453,3 +453,19 @@ def test_a_proposer_error_ends_its_request_alone(fresh_engine, monkeypatch):
         assert list(handles[i]) == alone(fresh_engine, PROMPTS[i], max_new_tokens=8,
                                          proposer="prompt_lookup", k=2).token_ids
     assert handles[1].state.stop_reason == "error" and not fresh_engine.scheduler.has_work
+
+
+def test_an_onnx_runtime_failure_of_the_pass_is_a_typed_error(fresh_engine, monkeypatch):
+    from speculant.errors import ContractError
+    from speculant.session.plan import PassPlan
+
+    def broken(self):
+        raise RuntimeError("planted: ORT failed")
+
+    target = fresh_engine.scheduler.target
+    monkeypatch.setattr(PassPlan, "run", broken)
+    with pytest.raises(ContractError) as caught:
+        fresh_engine.generate_many(PROMPTS[:2], max_new_tokens=4)
+    problem = caught.value.problems[0]
+    assert "planted: ORT failed" in problem.message and problem.file == target.artifact
+    assert problem.path.endswith("update.batch.artifacts.target")

@@ -105,6 +105,7 @@ class BatchedTargetPass:
                                  value=capacity, expected=f"1 <= capacity <= "
                                                           f"{static.capacity}")
         self.session, self.seam = session, session.seam
+        self.artifact, self.field = str(package.batched_artifact), field
         self.rows, self.capacity = rows, capacity
         target = plan.target
         self.roles = {plan.port_by_role.get("token_ids"): "tokens",
@@ -167,7 +168,13 @@ class BatchedTargetPass:
                 if port in self.roles:
                     plan.write(port, values[self.roles[port]].astype(
                         NUMPY_DTYPES[contract.dtype]))
-        logits = plan.run()[self.logits_port]  # [B, W, V]
+        try:
+            logits = plan.run()[self.logits_port]  # [B, W, V]
+        except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
+            raise ContractError(f"ONNX Runtime failed a batched pass of {len(blocks)} row(s) "
+                                f"of width {width}: {exc}", file=self.artifact,
+                                path=self.field, remedy="decode the requests alone "
+                                "(engine.generate), and report the package") from exc
         return [PassResult(block.start, block.tokens, {}, self.seam.truncate_axis(
             self.seam.slice_axis(logits, 0, block.cells.row, 1), 1, len(block.tokens)), None,
             block.cells) for block in blocks]
