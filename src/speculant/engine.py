@@ -6,6 +6,9 @@ vocabulary and the context, its proposer against its kind's bound — before its
 its statistics come back with its result. Requests to one engine are served one at a time,
 in arrival order: a :class:`Decode` (or the :class:`Stream` over it) holds the engine from
 admission until it is exhausted or closed (generation.py says when an abandoned one is closed).
+A package with a batched target graph also decodes requests together (`submit`,
+`submit_stream`, `generate_many`): each a row of the engine's scheduler
+(speculative/scheduler.py), beside, not behind, the one-at-a-time requests.
 """
 
 from __future__ import annotations
