@@ -91,7 +91,7 @@ def _rollback_bound(sources: ProposerSources, name: str) -> Bound:
 class Chained:
     name = "chained"
     help = "the chained drafter the package declares"
-    can_batch = False  # its borrowed caches would be rows of the target's: not yet
+    can_batch = False  # the scheduler does not drive its B-row step graph yet
 
     def bound(self, sources: ProposerSources) -> Bound:
         if sources.chained is None or sources.plan.rollback_bound is None:
