@@ -1,0 +1,231 @@
+"""How wide a scheduler step drafts, by load: ``k="auto"`` for requests decoded together
+(speculative/scheduler.py; the rule, its terms and why: docs/design/batching.md, "k by load").
+
+A step runs one batched pass ``[B, W]``; every row pays for ``W`` whatever it drafts. So the
+step's width is chosen once, for all its ``k="auto"`` rows (:class:`RowWidth`), from the
+scheduler's own measured costs (:class:`StepCosts`: a pass per ``(B, W)``, a row's proposal
+per kind and ``k``, a step's time outside both per ``B``) and each row's acceptance by
+position: the ``W`` with the most expected committed tokens per second of the step. Every
+width is verified by the target, so the choice never changes greedy output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from speculant.speculative.width import (
+    UNMEASURED_SECONDS,
+    MeasuredWidth,
+    WidthController,
+    WidthPolicy,
+    WidthTable,
+    expected_tokens,
+    probe_interval,
+)
+from speculant.workflow.state import DecodeState, RoundResult
+
+EXPLORE_EVERY = 4  # steps at least between two explorations of a width the rule did not pick
+
+
+@dataclass(frozen=True)
+class RowCosts:
+    """One ``k="auto"`` row as the step's rule sees it."""
+
+    acceptance: Sequence[float]  # p_i, position i = 1 … max_k
+    cap: int  # the most drafts it may verify this step (budget, context, room)
+    propose_seconds: Sequence[float]  # t_propose(k) for k = 0 … cap (0 at k = 0)
+
+
+def drafts_at(row: RowCosts, width: int) -> int:
+    """``k_b(W) = min(cap_b, W − 1)``: a row drafts as far as the step's block reaches."""
+    return min(row.cap, width - 1)
+
+
+def step_rate(rows: Sequence[RowCosts], width: int, pass_seconds: float,
+              outside_seconds: float) -> float:
+    """Expected committed tokens per second of a step of width ``width``:
+    ``Σ_b E_b[a | k_b] / (t_pass(B, W) + Σ_b t_propose_b(k_b) + t_outside(B))``."""
+    tokens = sum(expected_tokens(row.acceptance, drafts_at(row, width)) for row in rows)
+    seconds = pass_seconds + outside_seconds + sum(row.propose_seconds[drafts_at(row, width)]
+                                                   for row in rows)
+    return tokens / seconds if seconds > 0 else float("inf")
+
+
+def best_width(rows: Sequence[RowCosts], widths: range, pass_seconds: Sequence[float],
+               outside_seconds: float) -> int:
+    """The width of ``widths`` with the highest :func:`step_rate` (``pass_seconds[i]`` is
+    ``widths[i]``'s pass); ties go to the narrower."""
+    rates = [step_rate(rows, width, seconds, outside_seconds)
+             for width, seconds in zip(widths, pass_seconds, strict=True)]
+    return widths[rates.index(max(rates))]
+
+
+@dataclass
+class StepCosts:
+    """The scheduler's measured costs (moving averages, as :class:`WidthTable`'s)."""
+
+    passes: dict[int, WidthTable] = field(default_factory=dict)  # B -> W -> seconds
+    propose: dict[str, WidthTable] = field(default_factory=dict)  # kind -> k -> seconds
+    outside: WidthTable = field(default_factory=WidthTable)  # B -> a step's other seconds
+
+    def observe_pass(self, num_rows: int, width: int, seconds: float) -> None:
+        self.passes.setdefault(num_rows, WidthTable()).observe(width, seconds)
+
+    def observe_proposal(self, kind: str, k: int, seconds: float) -> None:
+        self.propose.setdefault(kind, WidthTable(proportional=True)).observe(k, seconds)
+
+    def observe_outside(self, num_rows: int, seconds: float) -> None:
+        if seconds >= 0.0:
+            self.outside.observe(num_rows, seconds)
+
+    def is_measured(self, num_rows: int, width: int) -> bool:
+        table = self.passes.get(num_rows)
+        return table is not None and width in table.seconds
+
+    def lower_bound(self, num_rows: int, width: int) -> float:
+        """The least a pass ``[num_rows, width]`` can cost: a pass of no more rows and no
+        wider costs no more (0 where none was measured)."""
+        return max((seconds for rows, table in self.passes.items() if rows <= num_rows
+                    for w, seconds in table.seconds.items() if w <= width), default=0.0)
+
+    def pass_seconds(self, num_rows: int, widths: range) -> list[float]:
+        """``t_pass(B, W)`` for each of ``widths``: measured, else read off the line through
+        the widths measured at ``B`` (else at the nearest measured ``B``, the fewer rows on
+        a tie), never below :meth:`lower_bound`; :data:`UNMEASURED_SECONDS` where no pass
+        was measured (every width looks alike: the widest is run, and so measured)."""
+        if not self.passes:
+            return [UNMEASURED_SECONDS] * len(widths)
+        nearest = min(self.passes, key=lambda rows: (abs(rows - num_rows), rows))
+        fitted = self.passes[nearest].at(widths, UNMEASURED_SECONDS)
+        return [fitted[i] if self.is_measured(num_rows, width) else
+                max(fitted[i], self.lower_bound(num_rows, width))
+                for i, width in enumerate(widths)]
+
+    def propose_seconds(self, kind: str, cap: int) -> list[float]:
+        """``t_propose(k)`` for ``k = 0 … cap`` (0 at k = 0; 0 where never measured)."""
+        table = self.propose.get(kind, WidthTable(proportional=True))
+        return [0.0, *table.at(range(1, cap + 1), 0.0)]
+
+
+class StepWidth:
+    """Chooses each step's width for the scheduler's ``k="auto"`` rows and measures what
+    the choice needs. :meth:`choose` before the step's launches (each row's
+    :class:`RowWidth` then drafts ``min(cap, k)``), :meth:`observe_step` after its reads.
+
+    Invariant: every width the rule compares it has a cost for; a width priced by
+    estimate is run before it is trusted — the chosen one at once, one the rule did not
+    pick but might under its :meth:`StepCosts.lower_bound` once per
+    :data:`EXPLORE_EVERY` steps — so each ``(B, W)`` is explored a bounded number of times.
+    """
+
+    def __init__(self, costs: StepCosts | None = None) -> None:
+        self.costs = costs if costs is not None else StepCosts()
+        self.k = 0  # the step's drafts per row, at most (W - 1)
+        self.num_greedy_steps = 0  # steps in a row at W = 1 where a row could draft
+        self.num_steps = 0
+        self._explored_at = -EXPLORE_EVERY  # the step of the last exploration
+        self._proposing_seconds = 0.0  # this step's RowWidth proposals, summed
+
+    def row_policy(self, policy: WidthPolicy) -> WidthPolicy:
+        """The policy a request decodes with here: ``k="auto"`` (a :class:`MeasuredWidth`,
+        made for batch 1) becomes a :class:`RowWidth` of this step; a fixed k stays."""
+        if isinstance(policy, MeasuredWidth):
+            return RowWidth(policy.controller.max_k, policy.kind, self)
+        return policy
+
+    def choose(self, rows: Sequence[tuple[WidthPolicy, int]]) -> int:
+        """The step's width ``W`` for the decoding ``rows`` (each its policy and its cap);
+        sets :attr:`k` to ``W − 1``. Fixed rows only bound ``W`` from below."""
+        self.num_steps += 1
+        self._proposing_seconds = 0.0
+        num_rows, costs = len(rows), self.costs
+        auto = [RowCosts(policy.controller.acceptance, cap, costs.propose_seconds(
+            policy.kind, cap)) for policy, cap in rows if isinstance(policy, RowWidth)]
+        narrowest = 1 + max((min(policy.widths[-1], cap) for policy, cap in rows
+                             if not isinstance(policy, RowWidth)), default=0)
+        widths = range(narrowest, max([narrowest, *(1 + row.cap for row in auto)]) + 1)
+        outside = costs.outside.seconds.get(num_rows, 0.0)
+        seconds = costs.pass_seconds(num_rows, widths)
+        width = best_width(auto, widths, seconds, outside)
+        if costs.is_measured(num_rows, width):
+            width = self._explore(auto, num_rows, widths, width, seconds, outside)
+        if width == 1 and any(row.cap for row in auto):
+            width = self._probe(auto, num_rows, outside)
+        else:
+            self.num_greedy_steps = 0
+        self.k = width - 1
+        return width
+
+    def _explore(self, rows: Sequence[RowCosts], num_rows: int, widths: range, chosen: int,
+                 seconds: Sequence[float], outside: float) -> int:
+        """``chosen``, or (once per :data:`EXPLORE_EVERY` steps) the narrowest unmeasured
+        width that would beat it at its lower bound."""
+        if self.num_steps - self._explored_at < EXPLORE_EVERY:
+            return chosen
+        rate = step_rate(rows, chosen, seconds[widths.index(chosen)], outside)
+        costs = self.costs
+        for width in widths:
+            if not costs.is_measured(num_rows, width) and step_rate(
+                    rows, width, costs.lower_bound(num_rows, width), outside) > rate:
+                self._explored_at = self.num_steps
+                return width
+        return chosen
+
+    def _probe(self, rows: Sequence[RowCosts], num_rows: int, outside: float) -> int:
+        """1 (a greedy step), or 2 (one draft per row: acceptance stays measured) after as
+        many greedy steps as keep a probe's extra cost to PROBE_SHARE of them."""
+        self.num_greedy_steps += 1
+        verify = self.costs.pass_seconds(num_rows, range(1, 3))
+        propose = [0.0, sum(row.propose_seconds[1] for row in rows if row.cap)]
+        if self.num_greedy_steps < probe_interval(propose, verify, outside, None):
+            return 1
+        self.num_greedy_steps = 0
+        return 2
+
+    def proposed(self, kind: str, k: int, seconds: float, is_timed: bool) -> None:
+        """A row's proposal of ``k`` drafts took ``seconds`` (``is_timed`` False: not a
+        measurement, as a width's first proposal in a request)."""
+        self._proposing_seconds += seconds
+        if is_timed:
+            self.costs.observe_proposal(kind, k, seconds)
+
+    def observe_step(self, num_rows: int, width: int, pass_seconds: float | None,
+                     step_seconds: float, is_decoding: bool) -> None:
+        """A step of ``num_rows`` rows ran a pass of ``width`` in ``pass_seconds`` (None: not
+        a measurement — its plan was made in it) and took ``step_seconds`` from its choice
+        to its last read; only a step that decoded prices the time outside."""
+        if pass_seconds is None:
+            return
+        self.costs.observe_pass(num_rows, width, pass_seconds)
+        if is_decoding:
+            self.costs.observe_outside(num_rows, step_seconds - pass_seconds
+                                       - self._proposing_seconds)
+
+
+class RowWidth:
+    """``k="auto"`` for one request decoded with others: its acceptance by position (a
+    :class:`WidthController`'s, observed as alone), its width the step's (:class:`StepWidth`
+    chooses it for every such row at once)."""
+
+    def __init__(self, max_k: int, kind: str, step: StepWidth) -> None:
+        self.controller = WidthController(max_k)
+        self.kind, self.step = kind, step
+        self.widths = range(0, max_k + 1)
+        self._widths_proposed: set[int] = set()  # a width's first proposal: not timed
+
+    def width(self, state: DecodeState, cap: int) -> int:
+        return min(cap, self.step.k)
+
+    def proposed(self, k: int, seconds: float) -> None:
+        self.step.proposed(self.kind, k, seconds, is_timed=k > 0 and k in self._widths_proposed)
+        self._widths_proposed.add(k)
+
+    def observe(self, result: RoundResult) -> None:
+        if result.k:
+            self.controller.observe(result.k, result.num_accepted)
+
+    @contextmanager
+    def measuring(self) -> Iterator[None]:
+        yield
