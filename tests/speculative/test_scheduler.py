@@ -28,6 +28,8 @@ from export.export_models import (
 )
 from speculant.errors import AdmissionError, RequestError, SpeculantError
 from speculant.speculative import scheduler as scheduler_module
+from speculant.speculative.step_width import StepCosts, StepWidth
+from speculant.speculative.width import WidthTable
 from speculant.workflow import batched_pass
 from speculant_tools.export import write_decoder_package, write_pair_package
 
@@ -339,6 +341,69 @@ def test_planted_finished_row_still_counted_is_caught(fresh_engine, monkeypatch)
     found = passes_after_finishing(fresh_engine, max_steps=40)
     assert any("still in a row" in f for f in found)
     assert any("counted after it finished" in f for f in found)
+
+
+# -- k by load: the step's width from the measured cost of a [B, W] pass ---------------------
+class FrozenCosts(StepCosts):
+    """A cost table the steps cannot move: ``t_pass(B, W) = 1 + slope[B] × (W − 1)``,
+    proposals and the time outside free."""
+
+    def __init__(self, slope: dict[int, float]) -> None:
+        super().__init__()
+        for rows, per_token in slope.items():
+            self.passes[rows] = WidthTable({w: 1.0 + per_token * (w - 1) for w in range(1, 17)})
+
+    def observe_pass(self, num_rows: int, width: int, seconds: float) -> None:
+        pass
+
+    def observe_proposal(self, kind: str, k: int, seconds: float) -> None:
+        pass
+
+    def observe_outside(self, num_rows: int, seconds: float) -> None:
+        pass
+
+
+def test_k_by_load_shrinks_to_greedy_as_rows_join_and_returns_as_they_leave(roots,
+                                                                            monkeypatch):
+    """A wider pass free at B <= 2 and dear at B >= 3: a k="auto" request drafts its widest
+    alone, every row verifies no drafts while three others decode beside it, speculation
+    comes back as they leave; each output equals its output alone."""
+    engine = speculant.load(roots["pair"], draft=roots["draft"], max_batch=ROWS)
+    scheduler = engine.scheduler
+    scheduler.widths = StepWidth(FrozenCosts({1: 0.0, 2: 0.0, 3: 10.0, 4: 10.0}))
+    steps: list[dict] = []  # per decoding step: rows, W chosen, the widest cap, the pass's W
+    choose, run = scheduler.widths.choose, batched_pass.BatchedTargetPass.run
+
+    def chosen(rows):
+        steps.append({"rows": len(rows), "W": choose(rows),
+                      "cap": max(cap for _, cap in rows)})
+        return steps[-1]["W"]
+
+    def passed(self, blocks):
+        if steps and "pass" not in steps[-1]:
+            steps[-1]["pass"] = max(len(block.tokens) for block in blocks)
+        return run(self, blocks)
+
+    monkeypatch.setattr(scheduler.widths, "choose", chosen)
+    monkeypatch.setattr(batched_pass.BatchedTargetPass, "run", passed)
+    asked = [(PROMPTS[0], 40), (PROMPTS[1], 6), (PROMPTS[3], 8), (PROMPTS[6], 10)]
+    handles = [engine.submit(PROMPTS[0], max_new_tokens=40, proposer="draft", k="auto")]
+    for _ in range(4):  # a prefill, then three steps alone
+        scheduler.step()
+    handles += [engine.submit(p, max_new_tokens=n, proposer="draft", k="auto")
+                for p, n in asked[1:]]
+    while scheduler.has_work:
+        scheduler.step()
+    alone_first = [s for s in steps[:3] if s["rows"] == 1]
+    crowded = [s for s in steps if s["rows"] >= 3]
+    left = [s for s in steps[3:] if s["rows"] <= 2 and s["cap"]]
+    assert len(alone_first) == 3 and all(s["W"] == 1 + s["cap"] > 1 for s in alone_first)
+    assert crowded and all(s["W"] == 1 and s["pass"] == 1 for s in crowded)
+    assert left and all(s["W"] == 1 + s["cap"] for s in left)
+    assert any(s["pass"] > 1 for s in left)  # drafts verified again
+    for (prompt, n), handle in zip(asked, handles, strict=True):
+        assert handle.result.token_ids == alone(engine, prompt, max_new_tokens=n,
+                                                proposer="draft", k="auto").token_ids
 
 
 # -- refusals ---------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ it decodes, its state's consumed count being the row's cursor. Invariant between
 every decoding row satisfies the decode state's invariant (its row holds exactly its consumed
 positions, the pending token is the target's latest choice); a prefilling row holds its first
 ``C < P`` prompt positions. A step's rounds are the reference round (round.py's
-``launch_host_round``), whose target pass is the row's part of the one batched pass.
+``launch_host_round``), whose target pass is the row's part of the one batched pass; its
+``k="auto"`` rows draft as far as the width the step's :class:`StepWidth` chooses by load.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from speculant.errors import AdmissionError, SpeculantError
 from speculant.speculative.proposal import LaunchedRound, Proposer
 from speculant.speculative.round import launch_host_round
+from speculant.speculative.step_width import StepWidth
 from speculant.speculative.width import WidthPolicy
 from speculant.tensors import Value
 from speculant.workflow.batched_pass import BatchedTargetPass, RowBlock
@@ -71,9 +73,17 @@ class StepBatch:
     def __init__(self) -> None:
         self.blocks: list[RowBlock] = []
         self.results: list[PassResult] | None = None
+        self.seconds: float | None = None  # the pass's; None: its plan was made in it
+
+    @property
+    def width(self) -> int:
+        return max(len(block.tokens) for block in self.blocks)
 
     def run(self, target: BatchedTargetPass) -> None:
+        is_planned = self.width in target.plans
+        started = time.perf_counter()
         self.results = target.run(self.blocks)
+        self.seconds = time.perf_counter() - started if is_planned else None
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,7 @@ class Scheduler:
         self.rows: list[Entry | None] = [None] * target.rows  # row -> its request
         self.waiting: deque[Entry] = deque()  # admitted, waiting for a free row
         self.num_steps = 0
+        self.widths = StepWidth()  # k="auto" rows: each step's width, by measured load
         self._lock = threading.Lock()  # one step at a time, whoever drives it
 
     @property
@@ -129,7 +140,7 @@ class Scheduler:
                policy: WidthPolicy) -> Entry:
         """Queue an admitted request (its state's cells a reserved :class:`RowCells`); it
         takes a row at the next step with one free. Inactive serving controls end it now."""
-        entry = Entry(state, proposer, policy)
+        entry = Entry(state, proposer, self.widths.row_policy(policy))
         state.stats.route = "batched: one row of the scheduler's passes, each round read " \
                             "before the next"
         with self._lock:
@@ -156,6 +167,10 @@ class Scheduler:
             # 2. The step's width W keeps every row's window [L_b, L_b + W) in its row.
             room = min(self.target.capacity - entry.state.consumed for entry in busy)
             is_prefilling = any(entry.is_prefilling for entry in busy)
+            started = time.perf_counter()
+            if not is_prefilling:  # k="auto" rows draft as far as the step's chosen W
+                self.widths.choose([(entry.policy, min(entry.state.capped_width(
+                    entry.widest), room - 1)) for entry in busy])
             batch, launched = StepBatch(), {}
             for entry in busy:
                 try:
@@ -177,6 +192,9 @@ class Scheduler:
                         self._read(entry, launched[entry])
                     except SpeculantError as error:
                         self._fail(entry, error)
+                if busy:
+                    self.widths.observe_step(len(busy), batch.width, batch.seconds,
+                                             time.perf_counter() - started, not is_prefilling)
             self.num_steps += 1
             self._leave()  # 5. Stopped and cancelled rows leave.
             return True
