@@ -10,12 +10,12 @@ import pytest
 
 from speculant.speculative.step_width import (
     EXPLORE_EVERY,
-    RowCosts,
     RowWidth,
     StepCosts,
+    StepRows,
     StepWidth,
     best_width,
-    step_rate,
+    step_rates,
 )
 from speculant.speculative.width import (
     MAX_PROBE_EVERY,
@@ -28,15 +28,18 @@ from speculant.speculative.width import (
 from speculant.workflow.state import RoundResult
 
 
-def rows_of(num_rows: int, acceptance: float = 0.9, cap: int = 3) -> list[RowCosts]:
-    return [RowCosts([acceptance] * cap, cap, [0.0] * (cap + 1)) for _ in range(num_rows)]
+def rows_of(num_rows: int, acceptance: float = 0.9, cap: int = 3) -> StepRows:
+    return StepRows.of([([acceptance] * cap, cap, [0.0] * (cap + 1))] * num_rows)
 
 
 def test_the_step_rate_sums_each_rows_expected_tokens_over_one_pass_and_the_proposals():
-    rows = [RowCosts([0.5, 0.5], 2, [0.0, 0.1, 0.2]), RowCosts([1.0], 1, [0.0, 0.3])]
-    # W = 3: row 0 drafts 2 (E = 1.75), row 1 its cap 1 (E = 2); 1.0 + 0.2 + 0.3 + 0.5
-    assert step_rate(rows, 3, 1.0, 0.5) == pytest.approx((1.75 + 2.0) / 2.0)
-    assert step_rate(rows, 1, 1.0, 0.5) == pytest.approx(2 / 1.5)  # greedy: no proposal
+    rows = StepRows.of([([0.5, 0.5, 0.5], 2, [0.0, 0.1, 0.2]), ([1.0], 1, [0.0, 0.3])])
+    # W = 3: row 0 drafts 2 (E = 1.75), row 1 its cap 1 (E = 2); 1.0 + 0.2 + 0.3 + 0.5;
+    # W = 1: greedy, no proposal; W = 4: row 0 still at its cap 2
+    rates = step_rates(rows, range(1, 5), [1.0, 1.0, 1.0, 1.0], 0.5)
+    assert rates.tolist() == pytest.approx([2 / 1.5, 3.5 / 1.9, 3.75 / 2.0, 3.75 / 2.0])
+    assert step_rates(rows, range(2, 3), [0.0], 0.0).tolist() == [pytest.approx(3.5 / 0.4)]
+    assert step_rates(rows_of(1), range(1, 2), [0.0], 0.0).tolist() == [float("inf")]
 
 
 def test_a_pass_nearly_flat_in_w_picks_the_widest_and_a_steep_one_a_greedy_step():
@@ -49,7 +52,7 @@ def test_a_pass_nearly_flat_in_w_picks_the_widest_and_a_steep_one_a_greedy_step(
 
 def test_ties_go_to_the_narrower_width_and_no_auto_row_runs_the_narrowest():
     assert best_width(rows_of(1, acceptance=0.0), range(1, 4), [1.0] * 3, 0.0) == 1
-    assert best_width([], range(3, 6), [1.0, 1.0, 1.0], 0.0) == 3
+    assert best_width(StepRows.of([]), range(3, 6), [1.0, 1.0, 1.0], 0.0) == 3
 
 
 def test_more_rows_make_the_same_widening_pay_less():
@@ -135,6 +138,7 @@ def test_fixed_rows_bound_the_width_from_below_and_auto_rows_draft_up_to_it():
     assert step.choose([(fixed, 2), (auto, cap)]) == 3
     assert auto.width(None, cap) == 2 and auto.width(None, 1) == 1  # its cap still binds
     assert step.choose([(fixed, 0), (auto, cap)]) == 1  # the fixed row capped to 0
+    assert step.choose([(fixed, 2), (FixedWidth(0), 0)]) == 3  # no auto row: no choice
 
 
 def test_a_measured_policy_becomes_a_row_of_the_step_and_a_fixed_one_stays():
@@ -174,4 +178,6 @@ def test_the_time_outside_the_pass_and_the_proposals_is_priced_per_b_in_decoding
 
 
 def test_expected_tokens_at_each_rows_width_is_the_batch_1_rule():
-    assert step_rate(rows_of(1, 0.5, 2), 3, 1.0, 0.0) == expected_tokens([0.5, 0.5], 2)
+    rows = StepRows.of([([0.5, 0.8, 0.3], 3, [0.0] * 4)])
+    assert rows.tokens[0].tolist() == pytest.approx([expected_tokens([0.5, 0.8, 0.3], k)
+                                                     for k in range(4)])

@@ -15,13 +15,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from speculant.speculative.width import (
     UNMEASURED_SECONDS,
     MeasuredWidth,
     WidthController,
     WidthPolicy,
     WidthTable,
-    expected_tokens,
     probe_interval,
 )
 from speculant.workflow.state import DecodeState, RoundResult
@@ -30,36 +31,51 @@ EXPLORE_EVERY = 4  # steps at least between two explorations of a width the rule
 
 
 @dataclass(frozen=True)
-class RowCosts:
-    """One ``k="auto"`` row as the step's rule sees it."""
+class StepRows:
+    """A step's ``k="auto"`` rows as the rule sees them."""
 
-    acceptance: Sequence[float]  # p_i, position i = 1 … max_k
-    cap: int  # the most drafts it may verify this step (budget, context, room)
-    propose_seconds: Sequence[float]  # t_propose(k) for k = 0 … cap (0 at k = 0)
+    tokens: np.ndarray  # [B, K + 1] float64: each row's E[a | k], k = 0 … its own max_k
+    caps: np.ndarray  # [B] int64: the most drafts each row may verify this step
+    propose_seconds: np.ndarray  # [B, K + 1] float64: each row's t_propose(k), k = 0 … K
+
+    @classmethod
+    def of(cls, rows: Sequence[tuple[Sequence[float], int, Sequence[float]]]) -> StepRows:
+        """From each row's acceptance by position (``p_1 … p_K``), its cap and its
+        ``t_propose(0 … cap)``: ``E[a | k] = Σ_{j≤k} Π_{i≤j} p_i`` (the empty product 1)."""
+        widest = max((len(acceptance) for acceptance, _, _ in rows), default=0)
+        factors = np.ones((len(rows), widest + 1))  # [B, K + 1]: 1, p_1 … p_K
+        proposing = np.zeros((len(rows), widest + 1))
+        for b, (acceptance, cap, seconds) in enumerate(rows):
+            factors[b, 1:len(acceptance) + 1] = acceptance
+            proposing[b, :cap + 1] = seconds[:cap + 1]
+        return cls(np.cumsum(np.cumprod(factors, axis=1), axis=1),
+                   np.array([cap for _, cap, _ in rows], np.int64), proposing)
+
+    def totals(self, widths: range) -> tuple[np.ndarray, np.ndarray]:
+        """For each ``W`` of ``widths``, with ``k_b(W) = min(cap_b, W − 1)`` (a row drafts
+        as far as the step's block reaches): ``Σ_b E_b[a | k_b(W)]`` and
+        ``Σ_b t_propose_b(k_b(W))``, ``[len(widths)]`` float64 each."""
+        row = np.arange(len(self.caps))[:, None]
+        drafts = np.minimum(np.arange(widths.start - 1, widths.stop - 1)[None],
+                            self.caps[:, None])  # [B, len(widths)]: k_b(W)
+        return self.tokens[row, drafts].sum(0), self.propose_seconds[row, drafts].sum(0)
 
 
-def drafts_at(row: RowCosts, width: int) -> int:
-    """``k_b(W) = min(cap_b, W − 1)``: a row drafts as far as the step's block reaches."""
-    return min(row.cap, width - 1)
+def step_rates(rows: StepRows, widths: range, pass_seconds: Sequence[float],
+               outside_seconds: float) -> np.ndarray:
+    """Expected committed tokens per second of a step at each of ``widths``,
+    ``Σ_b E_b[a | k_b] / (t_pass(B, W) + Σ_b t_propose_b(k_b) + t_outside(B))``;
+    ``pass_seconds[i]`` is ``widths[i]``'s pass. ``[len(widths)]`` float64."""
+    tokens, proposing = rows.totals(widths)
+    seconds = np.asarray(pass_seconds, np.float64) + outside_seconds + proposing
+    return np.where(seconds > 0, tokens / np.where(seconds > 0, seconds, 1.0), np.inf)
 
 
-def step_rate(rows: Sequence[RowCosts], width: int, pass_seconds: float,
-              outside_seconds: float) -> float:
-    """Expected committed tokens per second of a step of width ``width``:
-    ``Σ_b E_b[a | k_b] / (t_pass(B, W) + Σ_b t_propose_b(k_b) + t_outside(B))``."""
-    tokens = sum(expected_tokens(row.acceptance, drafts_at(row, width)) for row in rows)
-    seconds = pass_seconds + outside_seconds + sum(row.propose_seconds[drafts_at(row, width)]
-                                                   for row in rows)
-    return tokens / seconds if seconds > 0 else float("inf")
-
-
-def best_width(rows: Sequence[RowCosts], widths: range, pass_seconds: Sequence[float],
+def best_width(rows: StepRows, widths: range, pass_seconds: Sequence[float],
                outside_seconds: float) -> int:
-    """The width of ``widths`` with the highest :func:`step_rate` (``pass_seconds[i]`` is
-    ``widths[i]``'s pass); ties go to the narrower."""
-    rates = [step_rate(rows, width, seconds, outside_seconds)
-             for width, seconds in zip(widths, pass_seconds, strict=True)]
-    return widths[rates.index(max(rates))]
+    """The width of ``widths`` with the highest :func:`step_rates`; ties go to the
+    narrower."""
+    return widths[int(np.argmax(step_rates(rows, widths, pass_seconds, outside_seconds)))]
 
 
 @dataclass
@@ -141,44 +157,51 @@ class StepWidth:
         self.num_steps += 1
         self._proposing_seconds = 0.0
         num_rows, costs = len(rows), self.costs
-        auto = [RowCosts(policy.controller.acceptance, cap, costs.propose_seconds(
-            policy.kind, cap)) for policy, cap in rows if isinstance(policy, RowWidth)]
+        proposing: dict[tuple[str, int], list[float]] = {}  # (kind, cap) -> t_propose(k)
+        for policy, cap in rows:
+            if isinstance(policy, RowWidth) and (policy.kind, cap) not in proposing:
+                proposing[policy.kind, cap] = costs.propose_seconds(policy.kind, cap)
+        auto = StepRows.of([(policy.controller.acceptance, cap, proposing[policy.kind, cap])
+                            for policy, cap in rows if isinstance(policy, RowWidth)])
         narrowest = 1 + max((min(policy.widths[-1], cap) for policy, cap in rows
                              if not isinstance(policy, RowWidth)), default=0)
-        widths = range(narrowest, max([narrowest, *(1 + row.cap for row in auto)]) + 1)
+        widths = range(narrowest, 1 + max([narrowest - 1, *auto.caps.tolist()]) + 1)
         outside = costs.outside.seconds.get(num_rows, 0.0)
         seconds = costs.pass_seconds(num_rows, widths)
         width = best_width(auto, widths, seconds, outside)
         if costs.is_measured(num_rows, width):
             width = self._explore(auto, num_rows, widths, width, seconds, outside)
-        if width == 1 and any(row.cap for row in auto):
+        if width == 1 and auto.caps.any():
             width = self._probe(auto, num_rows, outside)
         else:
             self.num_greedy_steps = 0
         self.k = width - 1
         return width
 
-    def _explore(self, rows: Sequence[RowCosts], num_rows: int, widths: range, chosen: int,
+    def _explore(self, rows: StepRows, num_rows: int, widths: range, chosen: int,
                  seconds: Sequence[float], outside: float) -> int:
         """``chosen``, or (once per :data:`EXPLORE_EVERY` steps) the narrowest unmeasured
         width that would beat it at its lower bound."""
-        if self.num_steps - self._explored_at < EXPLORE_EVERY:
-            return chosen
-        rate = step_rate(rows, chosen, seconds[widths.index(chosen)], outside)
         costs = self.costs
-        for width in widths:
-            if not costs.is_measured(num_rows, width) and step_rate(
-                    rows, width, costs.lower_bound(num_rows, width), outside) > rate:
-                self._explored_at = self.num_steps
-                return width
-        return chosen
+        if self.num_steps - self._explored_at < EXPLORE_EVERY or all(
+                costs.is_measured(num_rows, width) for width in widths):
+            return chosen
+        rate = step_rates(rows, widths, seconds, outside)[widths.index(chosen)]
+        optimistic = step_rates(rows, widths, [
+            float("inf") if costs.is_measured(num_rows, width) else
+            costs.lower_bound(num_rows, width) for width in widths], outside)
+        better = [width for width, best in zip(widths, optimistic, strict=True) if best > rate]
+        if not better:
+            return chosen
+        self._explored_at = self.num_steps
+        return better[0]
 
-    def _probe(self, rows: Sequence[RowCosts], num_rows: int, outside: float) -> int:
+    def _probe(self, rows: StepRows, num_rows: int, outside: float) -> int:
         """1 (a greedy step), or 2 (one draft per row: acceptance stays measured) after as
         many greedy steps as keep a probe's extra cost to PROBE_SHARE of them."""
         self.num_greedy_steps += 1
         verify = self.costs.pass_seconds(num_rows, range(1, 3))
-        propose = [0.0, sum(row.propose_seconds[1] for row in rows if row.cap)]
+        propose = rows.totals(range(1, 3))[1].tolist()  # every row at k = 0, then k <= 1
         if self.num_greedy_steps < probe_interval(propose, verify, outside, None):
             return 1
         self.num_greedy_steps = 0
