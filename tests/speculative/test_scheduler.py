@@ -401,6 +401,8 @@ def test_k_by_load_shrinks_to_greedy_as_rows_join_and_returns_as_they_leave(root
     assert crowded and all(s["W"] == 1 and s["pass"] == 1 for s in crowded)
     assert left and all(s["W"] == 1 + s["cap"] for s in left)
     assert any(s["pass"] > 1 for s in left)  # drafts verified again
+    batch_1 = engine.proposer_sources.costs  # k="auto" alone: its costs, untouched here
+    assert batch_1.propose == {} and batch_1.round_seconds == 0.0
     for (prompt, n), handle in zip(asked, handles, strict=True):
         assert handle.result.token_ids == alone(engine, prompt, max_new_tokens=n,
                                                 proposer="draft", k="auto").token_ids
