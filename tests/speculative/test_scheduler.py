@@ -1,11 +1,12 @@
 """The scheduler (speculative/scheduler.py, docs/design/batching.md "The scheduler") on the
 tiny export pair written with ``batch=4``, CPU float32: each request's output decoded with
-others equals its output alone (engine.generate, batch 1) token for token — for every host
-proposer and k, with prompts in chunks, requests joining and leaving mid-decode, stop strings,
-cancellation, seeded sampling and randomised arrival schedules. Each pass writes only its
-rows' valid slots. Planted defects (a cursor from another row, padding written, a stale
-length after a rollback, a finished row still counted) are each caught by the check named
-in their test."""
+others equals its output alone (engine.generate, batch 1) token for token — for every
+proposer (the chained drafter's rows drafted together) and k, with prompts in chunks,
+requests joining and leaving mid-decode, stop strings, cancellation, seeded sampling and
+randomised arrival schedules; each chained row drafts what it drafts alone. Each pass writes
+only its rows' valid slots. Planted defects (a cursor from another row, padding written, a
+stale length after a rollback, a finished row still counted, a chained row drafting from
+another row's cache) are each caught by the check named in their test."""
 
 from __future__ import annotations
 
