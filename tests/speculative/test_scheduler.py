@@ -10,6 +10,7 @@ another row's cache) are each caught by the check named in their test."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -182,6 +183,23 @@ def test_each_chained_row_drafts_what_it_drafts_alone(engines, monkeypatch, samp
     sampling = {"temperature": 0.9, "seed": 5} if sampled else {}
     options = [{"max_new_tokens": n, "proposer": "chained", "k": (1, 2, 4)[i % 3], **sampling}
                for i, n in enumerate(MAX_NEW)]
+    found, compared = drafts_mismatches(engine, PROMPTS, options, monkeypatch)
+    assert found == [] and compared >= 40
+
+
+@pytest.mark.parametrize("form", ["fused", "subset"])
+def test_each_chained_row_drafts_what_it_drafts_alone_in_other_drafter_forms(
+        roots, tmp_path, monkeypatch, form):
+    """The fused drafter graph (ONNX Attention, ``cache_lengths`` as ``nonpad_kv_seqlen``)
+    and a subset vocabulary (the drafter scores the first 30 ids): rows equal alone."""
+    config = dataclasses.replace(CONFIG, draft_vocab_size=30) if form == "subset" else CONFIG
+    root = write_pair_package(tmp_path / form, TARGET_WEIGHTS, config, DRAFTER_WEIGHTS,
+                              roots["pair"] / "tokenizer.json", cache="static", batch=ROWS,
+                              graph="fused" if form == "fused" else "explicit")
+    engine = speculant.load(root, max_batch=3, prefill_chunk=5)
+    options = [{"max_new_tokens": n, "proposer": "chained", "k": (4, 2, 1)[i % 3]}
+               for i, n in enumerate(MAX_NEW)]
+    assert mismatches(engine, PROMPTS, options) == []
     found, compared = drafts_mismatches(engine, PROMPTS, options, monkeypatch)
     assert found == [] and compared >= 40
 
@@ -469,6 +487,49 @@ def test_the_chained_drafter_under_a_grammar_is_refused_with_the_remedy(engines)
     problem = caught.value.problems[0]
     assert problem.path == "grammar" and "decoded together" in problem.message
     assert "engine.generate" in problem.remedy and not engine.scheduler.has_work
+
+
+def test_a_drafter_whose_rows_cannot_step_together_is_refused_by_field():
+    """A fused port whose request axis is not its first: no B-row step graph (a ChainError
+    naming the field); its batch-1 step is unchanged."""
+    from types import SimpleNamespace
+
+    from speculant.errors import ChainError
+    from speculant.package.model import TensorContract
+    from speculant.speculative.chain_graph import step_prefix
+
+    fused = TensorContract.model_validate({
+        "dtype": "float32", "shape": ["sequence", "batch", 32],
+        "batch_layout": {"kind": "request_aligned", "axis": 1}})
+    chain = SimpleNamespace(fused_port="inputs_embeds", position_symbol="sequence")
+    with pytest.raises(ChainError) as caught:
+        step_prefix(fused, chain, rows=True)
+    problem = caught.value.problems[0]
+    assert problem.path == "speculative.proposal_execution.token_embedding_input"
+    assert "engine.generate" in problem.remedy
+    assert step_prefix(fused, chain) == (1, 1)
+
+
+def test_a_failed_drafter_run_ends_its_chained_rows_alone(fresh_engine, monkeypatch):
+    """ONNX Runtime failing the rows' drafter run: a ChainError for each chained row of
+    the step; a prompt-lookup row beside them decodes on, equal to alone."""
+    from speculant.errors import ChainError
+
+    rows = fresh_engine.chain_rows
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted: ORT failed the drafter")
+
+    monkeypatch.setattr(rows.session, "invoke", broken)
+    handles = [fresh_engine.submit(PROMPTS[i], max_new_tokens=8, proposer=proposer, k=2)
+               for i, proposer in enumerate(("chained", "prompt_lookup", "chained"))]
+    assert list(handles[1]) == alone(fresh_engine, PROMPTS[1], max_new_tokens=8,
+                                     proposer="prompt_lookup", k=2).token_ids
+    for i in (0, 2):
+        with pytest.raises(ChainError, match="planted: ORT failed the drafter"):
+            list(handles[i])
+        assert handles[i].state.stop_reason == "error"
+    assert not fresh_engine.scheduler.has_work
 
 
 def test_a_request_beyond_a_rows_capacity_is_refused_with_the_numbers(engines):
