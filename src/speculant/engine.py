@@ -31,6 +31,7 @@ from speculant.speculative.chain_graph import (
     chain_component,
     step_component,
 )
+from speculant.speculative.chain_rows import ChainRows
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.decode import choose_route
 from speculant.speculative.draft_model import DraftModel
@@ -272,6 +273,20 @@ class Engine:
                                    rows=batch.max_rows if rows is None else rows)
         return Scheduler(target, prefill_chunk=chunk)
 
+    @functools.cached_property
+    def chain_rows(self) -> ChainRows:
+        """The chained drafter stepping the scheduler's rows together, made on first use: the
+        step graph of B rows bound to the batched target's buffers (a ChainError where the
+        drafter reads what the batched pass does not keep)."""
+        package, plan = self.package, self.package.plan
+        assert self.proposer is not None and plan.proposer is not None and plan.chain
+        step = step_component(package, rows=True)
+        return ChainRows(package, self.proposer, self.scheduler.target, *(
+            self._make_session(f"{plan.proposer}.{name}", made.source, made.ports,
+                               str(package.artifacts[plan.proposer]))
+            for name, made in (("rows", step), ("rows.bootstrap", bootstrap_component(
+                step, plan.chain.carry_output)))))
+
     def submit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
                inputs: Mapping[str, np.ndarray] | None = None, **fields) -> BatchedDecode:
         """Admit now (a bad request raises here) and queue the request on the scheduler;
@@ -379,7 +394,7 @@ class Engine:
                                  vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
                                  never_materialized=self._fused_values())
         sources = self.proposer_sources if batched is None else dataclasses.replace(
-            self.proposer_sources, is_batched=True)
+            self.proposer_sources, is_batched=True, chained_rows=lambda: self.chain_rows)
         kind, k = admit_proposer(sources, request)
         row = batched.reserve(len(prompt_ids), options.max_new_tokens, k if kind else 0) \
             if batched is not None else None

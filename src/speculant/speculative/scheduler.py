@@ -8,7 +8,10 @@ it decodes, its state's consumed count being the row's cursor. Invariant between
 every decoding row satisfies the decode state's invariant (its row holds exactly its consumed
 positions, the pending token is the target's latest choice); a prefilling row holds its first
 ``C < P`` prompt positions. A step's rounds are the reference round (round.py's
-``launch_host_round``), whose target pass is the row's part of the one batched pass.
+``launch_host_round``), whose target pass is the row's part of the one batched pass; the
+rows of a proposer that drafts rows together (:class:`RowsProposer`: the chained drafter)
+are drafted first, one run of it per draft for all of them, each round then proposing its
+row's drafts as host tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from speculant.errors import AdmissionError, SpeculantError
-from speculant.speculative.proposal import LaunchedRound, Proposer
+from speculant.speculative.proposal import LaunchedRound, Proposal, Proposer, RowsProposer
 from speculant.speculative.round import launch_host_round
 from speculant.speculative.width import WidthPolicy
 from speculant.tensors import Value
@@ -103,6 +106,17 @@ class RowTarget:
         return QueuedPass(self.batch, len(self.batch.blocks) - 1)
 
 
+@dataclass(frozen=True)
+class Drafted:
+    """A row's drafts made with the other rows' (:class:`RowsProposer`), proposed by its
+    round as host tokens."""
+
+    proposal: Proposal
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return self.proposal
+
+
 class Scheduler:
     """The engine's loop for requests decoded together: :meth:`submit` queues an admitted
     request, :meth:`step` runs one batched step (the module says what a step does)."""
@@ -156,11 +170,17 @@ class Scheduler:
             # 2. The step's width W keeps every row's window [L_b, L_b + W) in its row.
             room = min(self.target.capacity - entry.state.consumed for entry in busy)
             is_prefilling = any(entry.is_prefilling for entry in busy)
-            batch, launched = StepBatch(), {}
+            batch, launched, widths = StepBatch(), {}, {}
             for entry in busy:
                 try:
+                    widths[entry] = self._width(entry, room, is_prefilling)
+                except SpeculantError as error:  # its policy's: the request ends alone
+                    self._fail(entry, error)
+            drafted = self._draft_rows(widths)
+            for entry in [entry for entry in busy if entry in widths]:
+                try:
                     launched[entry] = self._launch(entry, RowTarget(batch), room,
-                                                   is_prefilling)
+                                                   widths[entry], drafted.get(entry))
                 except SpeculantError as error:  # its proposer's: the request ends alone
                     self._fail(entry, error)
             busy = list(launched)
@@ -181,19 +201,51 @@ class Scheduler:
             self._leave()  # 5. Stopped and cancelled rows leave.
             return True
 
-    def _launch(self, entry: Entry, target: RowTarget, room: int,
-                is_prefilling: bool) -> QueuedPass | LaunchedRound:
-        """A prefilling row's next prompt chunk, or a decoding row's round: k drafts
-        (none in a step where a row prefills: onnxruntime-genai's rule)."""
+    def _width(self, entry: Entry, room: int, is_prefilling: bool) -> int:
+        """A decoding row's k this step (none in a step where a row prefills:
+        onnxruntime-genai's rule); 0 for a prefilling row."""
+        state = entry.state
+        if entry.is_prefilling:
+            return 0
+        k = 0 if is_prefilling else entry.policy.width(
+            state, min(state.capped_width(entry.widest), room - 1))
+        return k
+
+    def _draft_rows(self, widths: dict[Entry, int]) -> dict[Entry, Drafted]:
+        """The drafts of every row whose proposer drafts rows together, one
+        ``propose_rows`` per proposer: a row's error ends it alone, a failed run every row
+        of that proposer."""
+        groups: dict[int, list[Entry]] = {}
+        for entry, k in widths.items():
+            if k and isinstance(entry.proposer, RowsProposer):
+                groups.setdefault(id(entry.proposer), []).append(entry)
+        drafted = {}
+        for entries in groups.values():
+            proposer = entries[0].proposer
+            assert isinstance(proposer, RowsProposer)
+            try:
+                proposals = proposer.propose_rows([(e.state, widths[e]) for e in entries])
+            except SpeculantError as error:
+                proposals = [error] * len(entries)
+            for entry, proposal in zip(entries, proposals, strict=True):
+                if isinstance(proposal, SpeculantError):
+                    self._fail(entry, proposal)
+                    del widths[entry]
+                else:
+                    drafted[entry] = Drafted(proposal)
+        return drafted
+
+    def _launch(self, entry: Entry, target: RowTarget, room: int, k: int,
+                drafted: Drafted | None) -> QueuedPass | LaunchedRound:
+        """A prefilling row's next prompt chunk, or a decoding row's round of ``k`` drafts
+        (``drafted``: made with the other rows' already)."""
         state = entry.state
         if entry.is_prefilling:
             start = state.consumed
             chunk = state.tokens[start:min(start + min(self.prefill_chunk, room),
                                            state.prompt_len)]
             return target.run(chunk, start, entry.cells, state.admitted, state.controls)
-        k = 0 if is_prefilling else entry.policy.width(
-            state, min(state.capped_width(entry.widest), room - 1))
-        return launch_host_round(state, target, entry.proposer, entry.policy, k)
+        return launch_host_round(state, target, drafted or entry.proposer, entry.policy, k)
 
     def _read(self, entry: Entry, launched: QueuedPass | LaunchedRound) -> None:
         state = entry.state

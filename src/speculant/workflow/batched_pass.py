@@ -134,6 +134,10 @@ class BatchedTargetPass:
         self.inputs = {port: session.ports.inputs[port] for port in ports}
         self.logits_port = plan.port_by_role.get("logits", "logits")
         self.vocab = package.logits_width
+        seed = session.ports.outputs.get(plan.chain.seed_output) if plan.chain else None
+        # the chained drafter's seed [B, W, H] (chain_rows.py reads each row's kept row)
+        self.seed_port = plan.chain.seed_output if seed is not None and isinstance(
+            seed.dims[-1], int) else None
         self.buffers = {}  # cell -> [rows, ..., capacity, ...], allocated once
         for name, cell in plan.cells.items():
             shape = cell_shape(package, cell, capacity)
@@ -177,15 +181,22 @@ class BatchedTargetPass:
                     plan.write(port, values[self.roles[port]].astype(
                         NUMPY_DTYPES[contract.dtype]))
         try:
-            logits = plan.run()[self.logits_port]  # [B, W, V]
+            produced = plan.run()
+            logits = produced[self.logits_port]  # [B, W, V]
         except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
             raise ContractError(f"ONNX Runtime failed a batched pass of {len(blocks)} row(s) "
                                 f"of width {width}: {exc}", file=self.artifact,
                                 path=self.field, remedy="decode the requests alone "
                                 "(engine.generate), and report the package") from exc
-        return [PassResult(block.start, block.tokens, {}, self.seam.truncate_axis(
-            self.seam.slice_axis(logits, 0, block.cells.row, 1), 1, len(block.tokens)), None,
-            block.cells) for block in blocks]
+        seed = produced.get(self.seed_port) if self.seed_port else None  # [B, W, H]
+        return [PassResult(block.start, block.tokens, {}, self._row(logits, block),
+                           None if seed is None else self._row(seed, block), block.cells)
+                for block in blocks]
+
+    def _row(self, value: Value, block: RowBlock) -> Value:
+        """Row ``b``'s valid part ``[1, W_b, ...]`` of a ``[B, W, ...]`` output."""
+        return self.seam.truncate_axis(self.seam.slice_axis(value, 0, block.cells.row, 1), 1,
+                                       len(block.tokens))
 
     def _plan(self, rows: int, width: int) -> PassPlan:
         """The plan of the first ``rows`` rows at width ``W``: the small inputs' buffers, the
@@ -207,6 +218,10 @@ class BatchedTargetPass:
         outputs = {port: inputs[self.cell_port[name]] for port, name in self.present_of.items()}
         outputs[self.logits_port] = seam.zeros((rows, width, self.vocab), logits_dtype,
                                                self.session.output_residency)
+        if self.seed_port is not None:
+            seed = self.session.ports.outputs[self.seed_port]
+            outputs[self.seed_port] = seam.zeros((self.rows, width, seed.dims[-1]), seed.dtype,
+                                                 self.session.output_residency)
         plan = PassPlan(self.session, inputs, outputs, capture=False)
         if width <= KEPT_WIDTHS:
             self.plans[rows, width] = plan
