@@ -23,20 +23,19 @@ from speculant.serve.app import create_app
 from speculant.serve.limits import ServerLimits
 from speculant_tools.export import write_pair_package
 
-ROWS = 4
+ROWS = 4  # conftest.BATCHED_ROWS, the batched_pair's rows
 MODEL = "pair"
 PROMPTS = ["0123", "abc", "9:;<=", "ABAB", "@@@", "XYZ"]
 MAX_TOKENS = [18, 12, 20, 9, 15, 11]
 
 
 @pytest.fixture(scope="module")
-def roots(tmp_path_factory) -> dict[str, Path]:
+def roots(tmp_path_factory, batched_pair) -> dict[bool, Path]:
     base = tmp_path_factory.mktemp("batched-serve")
     tokenizer = write_tokenizer(base / "tokenizer.json")
-    return {batch: write_pair_package(base / f"pair-{batch}", TARGET_WEIGHTS, CONFIG,
-                                      DRAFTER_WEIGHTS, tokenizer, graph="explicit",
-                                      cache="static", **({"batch": ROWS} if batch else {}))
-            for batch in (True, False)}
+    return {True: batched_pair, False: write_pair_package(
+        base / "pair", TARGET_WEIGHTS, CONFIG, DRAFTER_WEIGHTS, tokenizer, graph="explicit",
+        cache="static")}
 
 
 @pytest.fixture(scope="module")
