@@ -138,9 +138,9 @@ LAYERS = {
 # with a deletion beside it. The change a commit makes is `git diff --stat`'s to report.
 LAYER_CEILINGS = {
     "package": 3_642, "tensors": 2_066, "text": 815, "session": 927, "workflow": 1_982,
-    "speculative": 2_372, "engine and API": 2_149, "serve": 1_766,
+    "speculative": 2_372, "engine and API": 2_229, "serve": 1_766,
 }
-RUNTIME_CEILING = 15_719  # the sum
+RUNTIME_CEILING = 15_799  # the sum
 MODULE_LINE_LIMIT = 500
 
 
