@@ -13,7 +13,9 @@ every other one streamed. Each answer must equal its request's answer alone, tex
 (a piece lost or sent twice changes it), with the finish reason and token count; every
 request is answered exactly once. The server's resident memory (``VmRSS``) is sampled after
 every ``--sample-every`` answers; after the first ``--warmup`` answers it may grow at most
-``--max-growth-mib``. Exit status 1 when any check fails. Bounded: about 1,000 requests of at
+``--max-growth-mib`` (3: a server keeping every finished request, about 7 KiB each, grew
+5.8 MiB over the 800 after warm-up when planted; a clean one grows well under 1). Exit status
+1 when any check fails. Bounded: about 1,000 requests of at
 most 12 tokens: about 20 s on 2 cores. tests/serve/test_serve_memory.py runs it.
 """
 
@@ -137,7 +139,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=24)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--sample-every", type=int, default=50)
-    parser.add_argument("--max-growth-mib", type=float, default=8.0)
+    parser.add_argument("--max-growth-mib", type=float, default=3.0)
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
 
