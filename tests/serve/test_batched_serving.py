@@ -132,15 +132,16 @@ def test_metrics_count_the_steps_rows_and_cache_positions(served, monkeypatch):
     alone = [engine.generate(p, max_new_tokens=n) for p, n in zip(PROMPTS, MAX_TOKENS,
                                                                   strict=True)]
     target = engine.scheduler.target
-    run, passes, held, release = target.run, [], threading.Event(), threading.Event()
+    run, sizes, blocks = target.run, [], []  # each pass's rows; the held pass's blocks
+    held, release = threading.Event(), threading.Event()
 
-    def holding(blocks):
-        passes.append(len(blocks))
-        if not held.is_set() and len(blocks) > 1 and all(len(b.tokens) == 1 for b in blocks):
-            passes.append(blocks)  # the held pass: rows decoding, none prefilling
+    def holding(these):
+        sizes.append(len(these))
+        if not held.is_set() and len(these) > 1 and all(len(b.tokens) == 1 for b in these):
+            blocks.extend(these)  # rows decoding, none prefilling
             held.set()
             release.wait(timeout=60)
-        return run(blocks)
+        return run(these)
 
     monkeypatch.setattr(target, "run", holding)
     before = scraped(base)
@@ -152,8 +153,6 @@ def test_metrics_count_the_steps_rows_and_cache_positions(served, monkeypatch):
     release.set()
     sender.join(timeout=120)
     after = scraped(base)
-    blocks = next(p for p in passes if isinstance(p, list))
-    sizes = [p for p in passes if isinstance(p, int)]
 
     def moved(name: str, **labels) -> float:
         key = (f"speculant:{name}", tuple(sorted(labels.items())))
