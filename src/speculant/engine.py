@@ -318,6 +318,22 @@ class Engine:
         """Decode ``prompts`` together through the scheduler (continuous batching) and return
         what :meth:`generate` returns for each, in order. ``options``: one for all, or one
         per prompt; an error names the prompt's index, and none is decoded then."""
+        handles = self.submit_many(prompts, options, inputs=inputs, **fields)
+        try:
+            while not all(handle.is_finished for handle in handles):
+                self.scheduler.step()
+        except BaseException:
+            for handle in handles:
+                handle.close()
+            raise
+        return results_of(handles)
+
+    def submit_many(self, prompts: Sequence[Prompt],
+                    options: GenerationOptions | int | Sequence[GenerationOptions] | None
+                    = None, /, *, inputs: Mapping[str, np.ndarray] | None = None,
+                    **fields) -> list[BatchedDecode]:
+        """:meth:`submit` for each prompt (:meth:`generate_many`'s arguments), all or none:
+        an error names the prompt's index, and the ones submitted before it are cancelled."""
         if not isinstance(prompts, list | tuple) or prompts and not is_prompt_list(prompts):
             raise RequestError("prompts must be a list of prompts (texts, or lists of token "
                                "ids)", path="prompts", value=type(prompts).__name__,
@@ -329,7 +345,8 @@ class Engine:
             raise RequestError(f"{len(per_prompt)} options for {len(prompts)} prompts",
                                path="options", value=len(per_prompt),
                                expected=f"one GenerationOptions, or {len(prompts)}")
-        scheduler, handles = self.scheduler, []  # a package that cannot batch says so first
+        self.scheduler  # noqa: B018 - a package that cannot batch says so first
+        handles: list[BatchedDecode] = []
         try:
             for i, (prompt, one) in enumerate(zip(prompts, per_prompt, strict=True)):
                 try:
@@ -340,15 +357,7 @@ class Engine:
             for handle in handles:
                 handle.close()
             raise
-        while not all(handle.is_finished for handle in handles):
-            scheduler.step()
-        results = []
-        for i, handle in enumerate(handles):
-            try:
-                results.append(handle.result)
-            except SpeculantError as error:
-                raise of_prompt(error, i) from error
-        return results
+        return handles
 
     # -- admission ------------------------------------------------------------------------
     def admit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
@@ -443,6 +452,17 @@ def is_prompt_list(prompt: object) -> bool:
     (a flat list of token ids is one prompt)."""
     return isinstance(prompt, list | tuple) and bool(prompt) and all(
         isinstance(item, str | list | tuple | np.ndarray) for item in prompt)
+
+
+def results_of(handles: Sequence[BatchedDecode]) -> list[Generation]:
+    """The results of finished requests, in order; an error names its request's index."""
+    results = []
+    for i, handle in enumerate(handles):
+        try:
+            results.append(handle.result)
+        except SpeculantError as error:
+            raise of_prompt(error, i) from error
+    return results
 
 
 def of_prompt(error: SpeculantError, index: int) -> SpeculantError:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from speculant.errors import AdmissionError, SpeculantError
@@ -133,6 +134,7 @@ class Scheduler:
         self.rows: list[Entry | None] = [None] * target.rows  # row -> its request
         self.waiting: deque[Entry] = deque()  # admitted, waiting for a free row
         self.num_steps = 0
+        self.step_observers: list[Callable[[int], None]] = []  # each told a pass's rows
         self._lock = threading.Lock()  # one step at a time, whoever drives it
 
     @property
@@ -198,6 +200,8 @@ class Scheduler:
                     except SpeculantError as error:
                         self._fail(entry, error)
             self.num_steps += 1
+            for observe in self.step_observers if busy else ():
+                observe(len(busy))
             self._leave()  # 5. Stopped and cancelled rows leave.
             return True
 
