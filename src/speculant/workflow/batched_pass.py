@@ -220,7 +220,7 @@ class BatchedTargetPass:
                                                self.session.output_residency)
         if self.seed_port is not None:
             seed = self.session.ports.outputs[self.seed_port]
-            outputs[self.seed_port] = seam.zeros((self.rows, width, seed.dims[-1]), seed.dtype,
+            outputs[self.seed_port] = seam.zeros((rows, width, seed.dims[-1]), seed.dtype,
                                                  self.session.output_residency)
         plan = PassPlan(self.session, inputs, outputs, capture=False)
         if width <= KEPT_WIDTHS:
