@@ -1,10 +1,13 @@
 """`AsyncEngine`: an :class:`~speculant.engine.Engine` for asyncio.
 
 Every engine call (admission, each decode step, close) runs on the async engine's one worker
-thread, never on the event loop. Requests through one async engine are served one at a time
-in arrival order, the wait being an asyncio wait (cancellable, holding no thread); with the
-engine's own turns behind it, requests from other threads and async engines keep their
-arrival order too.
+thread, never on the event loop. Requests through one async engine (``generate``, ``stream``)
+are served one at a time in arrival order, the wait being an asyncio wait (cancellable,
+holding no thread); with the engine's own turns behind it, requests from other threads and
+async engines keep their arrival order too. A package with a batched target graph also
+decodes requests together (``submit``, ``submit_stream``, ``generate_many``: rows of the
+engine's scheduler, as the server runs them): several tasks' requests share every step, each
+worker call stepping every row, beside the one-at-a-time requests.
 
 Cancelling a task stops its decode between two steps: the step under way finishes on the
 worker, then the decode is closed and the engine is free; so does a task cancelled (or failed)
@@ -25,9 +28,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from speculant.engine import Engine, Messages, Prompt, is_prompt_list, of_prompt
+from speculant.engine import Engine, Messages, Prompt, is_prompt_list, of_prompt, results_of
 from speculant.errors import RequestError, SpeculantError
-from speculant.generation import Decode, Generation, Stream
+from speculant.generation import BatchedDecode, Decode, Generation, Stream
 from speculant.workflow.options import GenerationOptions
 
 T = TypeVar("T")
@@ -35,8 +38,9 @@ STEP_SLICE_S = 0.05  # generate(): one worker call decodes this long before the 
 
 
 class AsyncEngine:
-    """``await``-able :meth:`generate` / :meth:`chat` and async-iterable :meth:`stream` /
-    :meth:`chat_stream` over ``engine`` (their arguments are the engine's)."""
+    """``await``-able :meth:`generate` / :meth:`chat` / :meth:`generate_many` and
+    async-iterable :meth:`stream` / :meth:`chat_stream` / :meth:`submit` /
+    :meth:`submit_stream` over ``engine`` (their arguments are the engine's)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -85,6 +89,47 @@ class AsyncEngine:
                                                            options, **fields)
             return await self._open(lambda: self.engine.stream(prompt, chat_options))
         return Opening(open_chat())
+
+    # -- requests decoded together (the engine's scheduler) -------------------------------
+    async def generate_many(self, prompts: Sequence[Prompt],
+                            options: GenerationOptions | int | Sequence[GenerationOptions]
+                            | None = None, /, *, inputs: Mapping[str, np.ndarray] | None = None,
+                            **fields) -> list[Generation]:
+        """:meth:`Engine.generate_many`, awaited: the prompts decoded together, with the other
+        requests submitted to the scheduler meanwhile; cancelled, each of them is cancelled."""
+        handles = await self.call(lambda: self.engine.submit_many(prompts, options,
+                                                                  inputs=inputs, **fields))
+        try:
+            while not await self.call(lambda: _step_until_finished(handles, STEP_SLICE_S)):
+                pass
+        except BaseException:
+            self._worker.submit(lambda: [handle.close() for handle in handles])
+            raise
+        return await self.call(lambda: results_of(handles))
+
+    def submit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
+               inputs: Mapping[str, np.ndarray] | None = None, **fields) -> Opening:
+        """:meth:`Engine.submit`: admit (a bad request raises here), queue it for a row of the
+        scheduler, then ``async for`` its committed token ids; each ``next`` steps every row
+        until this one has a token, so the requests of several tasks decode together."""
+        return Opening(self._open_row(lambda: self.engine.submit(prompt, options,
+                                                                 inputs=inputs, **fields)))
+
+    def submit_stream(self, prompt: Prompt, options: GenerationOptions | int | None = None,
+                      /, *, inputs: Mapping[str, np.ndarray] | None = None,
+                      **fields) -> Opening:
+        """:meth:`submit`, iterated for text pieces as :meth:`stream`'s are."""
+        return Opening(self._open_row(lambda: self.engine.submit_stream(
+            prompt, options, inputs=inputs, **fields)))
+
+    async def _open_row(self, open_call: Callable[[], BatchedDecode | Stream]) -> AsyncStream:
+        made: list[BatchedDecode | Stream] = []
+        try:
+            opened = await self.call(lambda: made.append(open_call()) or made[0])
+        except BaseException:  # refused, or cancelled while the worker admits it
+            self._worker.submit(lambda: made and made[0].close())
+            raise
+        return AsyncStream(self, opened, None)
 
     def close(self) -> None:
         """Stop the worker thread once its queued calls are done (the engine stays usable)."""
@@ -189,10 +234,10 @@ class Opening:
 class AsyncStream:
     """An admitted request of an :class:`AsyncEngine`: ``async for`` its pieces (text for
     ``stream``, token ids for a decode), ``result`` once finished; ``aclose()`` or leaving
-    ``async with`` stops it."""
+    ``async with`` stops it. ``lock``: the one-at-a-time requests' (None: a scheduler row)."""
 
-    def __init__(self, owner_engine: AsyncEngine, opened: Decode | Stream,
-                 lock: asyncio.Lock) -> None:
+    def __init__(self, owner_engine: AsyncEngine, opened: Decode | BatchedDecode | Stream,
+                 lock: asyncio.Lock | None) -> None:
         self._engine, self._opened, self._lock = owner_engine, opened, lock
         self.decode = opened.decode if isinstance(opened, Stream) else opened
         self._is_done = self._is_superseded = False
@@ -248,6 +293,9 @@ class AsyncStream:
 
     @property
     def result(self) -> Generation:
+        if isinstance(self.decode, BatchedDecode) and not self.decode.is_finished:
+            raise RequestError("the request has not finished", path="result",
+                               remedy="iterate it to the end first")  # reading it would step
         return self._opened.result
 
     async def __aenter__(self) -> AsyncStream:
@@ -269,6 +317,8 @@ class AsyncStream:
         self._is_done = True
         if self._engine._current is self:
             self._engine._current = None
+        if self._lock is None:
+            return
         try:
             self._loop.call_soon_threadsafe(self._lock.release)
         except RuntimeError:  # the loop is closed: nobody waits on its lock
@@ -286,6 +336,16 @@ def _next_of(pieces: Decode | Stream) -> tuple[bool, Any]:
     for piece in pieces:
         return False, piece
     return True, None
+
+
+def _step_until_finished(handles: Sequence[BatchedDecode], seconds: float) -> bool:
+    """Step the handles' scheduler for ``seconds``; whether every handle is finished."""
+    until = time.perf_counter() + seconds
+    while not all(handle.is_finished for handle in handles):
+        if time.perf_counter() >= until:
+            return False
+        handles[0].scheduler.step()
+    return True
 
 
 def _advance_for(decode: Decode, seconds: float) -> bool:

@@ -31,6 +31,7 @@ from speculant.speculative.chain_graph import (
     chain_component,
     step_component,
 )
+from speculant.speculative.chain_rows import ChainRows
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.decode import choose_route
 from speculant.speculative.draft_model import DraftModel
@@ -272,6 +273,20 @@ class Engine:
                                    rows=batch.max_rows if rows is None else rows)
         return Scheduler(target, prefill_chunk=chunk)
 
+    @functools.cached_property
+    def chain_rows(self) -> ChainRows:
+        """The chained drafter stepping the scheduler's rows together, made on first use: the
+        step graph of B rows bound to the batched target's buffers (a ChainError where the
+        drafter reads what the batched pass does not keep)."""
+        package, plan = self.package, self.package.plan
+        assert self.proposer is not None and plan.proposer is not None and plan.chain
+        step = step_component(package, rows=True)
+        return ChainRows(package, self.proposer, self.scheduler.target, *(
+            self._make_session(f"{plan.proposer}.{name}", made.source, made.ports,
+                               str(package.artifacts[plan.proposer]))
+            for name, made in (("rows", step), ("rows.bootstrap", bootstrap_component(
+                step, plan.chain.carry_output)))))
+
     def submit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
                inputs: Mapping[str, np.ndarray] | None = None, **fields) -> BatchedDecode:
         """Admit now (a bad request raises here) and queue the request on the scheduler;
@@ -303,6 +318,22 @@ class Engine:
         """Decode ``prompts`` together through the scheduler (continuous batching) and return
         what :meth:`generate` returns for each, in order. ``options``: one for all, or one
         per prompt; an error names the prompt's index, and none is decoded then."""
+        handles = self.submit_many(prompts, options, inputs=inputs, **fields)
+        try:
+            while not all(handle.is_finished for handle in handles):
+                self.scheduler.step()
+        except BaseException:
+            for handle in handles:
+                handle.close()
+            raise
+        return results_of(handles)
+
+    def submit_many(self, prompts: Sequence[Prompt],
+                    options: GenerationOptions | int | Sequence[GenerationOptions] | None
+                    = None, /, *, inputs: Mapping[str, np.ndarray] | None = None,
+                    **fields) -> list[BatchedDecode]:
+        """:meth:`submit` for each prompt (:meth:`generate_many`'s arguments), all or none:
+        an error names the prompt's index, and the ones submitted before it are cancelled."""
         if not isinstance(prompts, list | tuple) or prompts and not is_prompt_list(prompts):
             raise RequestError("prompts must be a list of prompts (texts, or lists of token "
                                "ids)", path="prompts", value=type(prompts).__name__,
@@ -314,7 +345,8 @@ class Engine:
             raise RequestError(f"{len(per_prompt)} options for {len(prompts)} prompts",
                                path="options", value=len(per_prompt),
                                expected=f"one GenerationOptions, or {len(prompts)}")
-        scheduler, handles = self.scheduler, []  # a package that cannot batch says so first
+        self.scheduler  # noqa: B018 - a package that cannot batch says so first
+        handles: list[BatchedDecode] = []
         try:
             for i, (prompt, one) in enumerate(zip(prompts, per_prompt, strict=True)):
                 try:
@@ -325,15 +357,7 @@ class Engine:
             for handle in handles:
                 handle.close()
             raise
-        while not all(handle.is_finished for handle in handles):
-            scheduler.step()
-        results = []
-        for i, handle in enumerate(handles):
-            try:
-                results.append(handle.result)
-            except SpeculantError as error:
-                raise of_prompt(error, i) from error
-        return results
+        return handles
 
     # -- admission ------------------------------------------------------------------------
     def admit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
@@ -379,7 +403,7 @@ class Engine:
                                  vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
                                  never_materialized=self._fused_values())
         sources = self.proposer_sources if batched is None else dataclasses.replace(
-            self.proposer_sources, is_batched=True)
+            self.proposer_sources, is_batched=True, chained_rows=lambda: self.chain_rows)
         kind, k = admit_proposer(sources, request)
         row = batched.reserve(len(prompt_ids), options.max_new_tokens, k if kind else 0) \
             if batched is not None else None
@@ -428,6 +452,17 @@ def is_prompt_list(prompt: object) -> bool:
     (a flat list of token ids is one prompt)."""
     return isinstance(prompt, list | tuple) and bool(prompt) and all(
         isinstance(item, str | list | tuple | np.ndarray) for item in prompt)
+
+
+def results_of(handles: Sequence[BatchedDecode]) -> list[Generation]:
+    """The results of finished requests, in order; an error names its request's index."""
+    results = []
+    for i, handle in enumerate(handles):
+        try:
+            results.append(handle.result)
+        except SpeculantError as error:
+            raise of_prompt(error, i) from error
+    return results
 
 
 def of_prompt(error: SpeculantError, index: int) -> SpeculantError:

@@ -4,7 +4,8 @@
 ``serve_app(app)`` starts any app (a uvicorn server in a daemon thread, on a free port) and
 returns its base URL; ``serve_app(app, limits)`` starts it as `speculant serve` does, under
 those ServerLimits (uvicorn's settings and the guarded connection protocol). The servers stop
-at the end of the session.
+at the end of the session. ``batched_pair``: a tiny package with a batched target graph
+(``--max-batch``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from speculant.serve.app import create_app  # noqa: E402
 from speculant.serve.limits import uvicorn_config  # noqa: E402
 
 MODEL = "fixture"
+BATCHED_ROWS = 4
 # Only characters of the fixture vocabulary (letters, space, parentheses, newline).
 CHAT_TEMPLATE = ("{% for m in messages %}({{ m.role }}) {{ m.content }}\n{% endfor %}"
                  "{% if add_generation_prompt %}(assistant) {% endif %}")
@@ -49,6 +51,19 @@ def write_chat_package(root: Path) -> Path:
 @pytest.fixture(scope="session")
 def chat_package(tmp_path_factory) -> Path:
     return write_chat_package(tmp_path_factory.mktemp("serve") / "fixture")
+
+
+@pytest.fixture(scope="session")
+def batched_pair(tmp_path_factory) -> Path:
+    """The export tests' tiny pair with static caches and a batched target graph of
+    :data:`BATCHED_ROWS` rows (its tokens: one per character from "0"; 64 positions a row)."""
+    from export.export_models import CONFIG, DRAFTER_WEIGHTS, TARGET_WEIGHTS, write_tokenizer
+    from speculant_tools.export import write_pair_package
+
+    base = tmp_path_factory.mktemp("batched-pair")
+    return write_pair_package(base / "pair", TARGET_WEIGHTS, CONFIG, DRAFTER_WEIGHTS,
+                              write_tokenizer(base / "tokenizer.json"), graph="explicit",
+                              cache="static", batch=BATCHED_ROWS)
 
 
 @pytest.fixture(scope="session")

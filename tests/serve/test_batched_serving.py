@@ -1,7 +1,8 @@
 """`speculant serve --max-batch N` over real sockets (docs/serving.md): concurrent requests are
 decoded together by the engine's scheduler (rows of one batched pass per step), each answer
-equal to the request's answer alone, streamed or not; a package without a batched graph is
-refused at start-up."""
+equal to the request's answer alone, streamed or not; /metrics counts the steps' rows, the
+rows in use and their cache positions, the queue time and the time per output token; a
+package without a batched graph is refused at start-up."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import speculant
 from export.export_models import CONFIG, DRAFTER_WEIGHTS, TARGET_WEIGHTS, write_tokenizer
@@ -21,20 +23,19 @@ from speculant.serve.app import create_app
 from speculant.serve.limits import ServerLimits
 from speculant_tools.export import write_pair_package
 
-ROWS = 4
+ROWS = 4  # conftest.BATCHED_ROWS, the batched_pair's rows
 MODEL = "pair"
 PROMPTS = ["0123", "abc", "9:;<=", "ABAB", "@@@", "XYZ"]
 MAX_TOKENS = [18, 12, 20, 9, 15, 11]
 
 
 @pytest.fixture(scope="module")
-def roots(tmp_path_factory) -> dict[str, Path]:
+def roots(tmp_path_factory, batched_pair) -> dict[bool, Path]:
     base = tmp_path_factory.mktemp("batched-serve")
     tokenizer = write_tokenizer(base / "tokenizer.json")
-    return {batch: write_pair_package(base / f"pair-{batch}", TARGET_WEIGHTS, CONFIG,
-                                      DRAFTER_WEIGHTS, tokenizer, graph="explicit",
-                                      cache="static", **({"batch": ROWS} if batch else {}))
-            for batch in (True, False)}
+    return {True: batched_pair, False: write_pair_package(
+        base / "pair", TARGET_WEIGHTS, CONFIG, DRAFTER_WEIGHTS, tokenizer, graph="explicit",
+        cache="static")}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,19 @@ def post(base: str, body: dict) -> tuple[int, bytes]:
         connection.close()
 
 
+def scraped(base: str) -> dict[tuple, float]:
+    """/metrics' samples by (name, labels but the model's)."""
+    where = urlsplit(base)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    try:
+        connection.request("GET", "/metrics")
+        body = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))):
+            s.value for family in text_string_to_metric_families(body) for s in family.samples}
+
+
 def streamed_text(answer: bytes) -> str:
     events = [line[len(b"data: "):] for line in answer.splitlines()
               if line.startswith(b"data: ")]
@@ -74,15 +88,16 @@ def streamed_text(answer: bytes) -> str:
     return "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
 
 
-def together(base: str, is_streamed: bool) -> list[tuple[int, bytes]]:
-    """Every prompt sent at once, one thread each."""
+def together(base: str, is_streamed: bool | None) -> list[tuple[int, bytes]]:
+    """Every prompt sent at once, one thread each (``is_streamed`` None: every other one)."""
     answers: list = [None] * len(PROMPTS)
     start = threading.Barrier(len(PROMPTS))
 
     def send(i: int) -> None:
         start.wait()
         answers[i] = post(base, {"prompt": PROMPTS[i], "max_tokens": MAX_TOKENS[i],
-                                 "temperature": 0, "stream": is_streamed})
+                                 "temperature": 0,
+                                 "stream": i % 2 == 0 if is_streamed is None else is_streamed})
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(PROMPTS))]
     for thread in threads:
@@ -106,6 +121,61 @@ def test_concurrent_requests_are_decoded_together_each_as_alone(served, is_strea
     assert widest[0] > 1  # rows shared a pass
     assert engine.scheduler.rows == [None] * ROWS or not any(
         e is not None and not e.state.is_stopped for e in engine.scheduler.rows)
+
+
+def test_metrics_count_the_steps_rows_and_cache_positions(served, monkeypatch):
+    """Six requests through four rows, streamed and not: one ``batch_size`` observation per
+    pass, summing to the tokens generated (one per row per step without drafts: the prompt's
+    step gives the first); mid-decode, the rows in use and their cache positions are the held
+    pass's rows and starts; afterwards none."""
+    base, engine, _ = served
+    alone = [engine.generate(p, max_new_tokens=n) for p, n in zip(PROMPTS, MAX_TOKENS,
+                                                                  strict=True)]
+    target = engine.scheduler.target
+    run, sizes, blocks = target.run, [], []  # each pass's rows; the held pass's blocks
+    held, release = threading.Event(), threading.Event()
+
+    def holding(these):
+        sizes.append(len(these))
+        if not held.is_set() and len(these) > 1 and all(len(b.tokens) == 1 for b in these):
+            blocks.extend(these)  # rows decoding, none prefilling
+            held.set()
+            release.wait(timeout=60)
+        return run(these)
+
+    monkeypatch.setattr(target, "run", holding)
+    before = scraped(base)
+    answers: list = []
+    sender = threading.Thread(target=lambda: answers.extend(together(base, None)))
+    sender.start()
+    assert held.wait(timeout=60), "no pass had two decoding rows"
+    during = scraped(base)
+    release.set()
+    sender.join(timeout=120)
+    after = scraped(base)
+
+    def moved(name: str, **labels) -> float:
+        key = (f"speculant:{name}", tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    def now(samples: dict, name: str) -> float:
+        return samples[(f"speculant:{name}", ())]
+
+    assert [status for status, _ in answers] == [200] * len(PROMPTS)
+    assert now(during, "num_rows_used") == len(blocks)
+    assert now(during, "kv_slots_used") == sum(block.start for block in blocks)
+    assert now(after, "num_rows_used") == now(after, "kv_slots_used") == 0
+    assert now(after, "kv_slots_total") == ROWS * target.capacity
+    num_tokens = sum(len(result.token_ids) for result in alone)
+    assert moved("generation_tokens_total") == num_tokens
+    assert moved("batch_size_count") == len(sizes)
+    assert moved("batch_size_sum") == sum(sizes) == num_tokens
+    assert moved("batch_size_bucket", le=f"{ROWS}.0") == len(sizes)
+    assert moved("batch_size_bucket", le="1.0") < len(sizes)  # rows shared passes
+    assert moved("request_queue_time_seconds_count") == len(PROMPTS)
+    assert moved("request_time_per_output_token_seconds_count") == len(PROMPTS)
+    assert 0 < moved("request_time_per_output_token_seconds_sum") < \
+        moved("e2e_request_latency_seconds_sum")
 
 
 def test_max_batch_needs_a_batched_graph(roots):

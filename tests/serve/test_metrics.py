@@ -41,6 +41,11 @@ def test_metrics_move_as_requests_complete(client, engine, raw):
     assert moved("prompt_tokens_total") == 2 * expected.num_prompt_tokens + 5
     assert moved("time_to_first_token_seconds_count") == 3
     assert moved("e2e_request_latency_seconds_count") == 3
+    assert moved("request_queue_time_seconds_count") == 3
+    assert moved("request_time_per_output_token_seconds_count") == 2  # not the 1-token one
+    assert 0 < moved("request_time_per_output_token_seconds_sum") < \
+        moved("e2e_request_latency_seconds_sum")
+    assert moved("batch_size_count") == 0  # one request at a time: no scheduler
     stats = expected.stats
     assert stats.rounds > 0
     assert moved("spec_decode_num_drafts_total") == 2 * stats.rounds

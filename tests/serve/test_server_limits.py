@@ -1,8 +1,10 @@
 """The server under abuse, over real sockets to a uvicorn server started as `speculant serve`
 starts it (ServerLimits: the guarded protocol, uvicorn's settings) on the demo package: a
 half-sent body, slow headers, a flood of idle connections, a full queue, deadlines, abandoned
-non-streamed requests, a stuck engine on /health, and the token budget. Each test serves its
-own app with its own small limits; the deadlines are seconds, far above what a step takes."""
+non-streamed requests, a stuck engine on /health, and the token budget; the full queue and the
+deadlines also with ``--max-batch`` (conftest's batched pair, its scheduler's passes gated).
+Each test serves its own app with its own small limits; the deadlines are seconds, far above
+what a step takes."""
 
 from __future__ import annotations
 
@@ -67,6 +69,29 @@ class GatedEngine:
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
+
+
+class GatedPasses:
+    """A batched engine (``max_batch`` rows) whose scheduler's passes are each slowed by
+    ``step_s`` and held while ``gate`` is shut; ``starts`` logs each pass's row starts."""
+
+    def __init__(self, root, max_batch: int, step_s: float = 0.0) -> None:
+        self.engine = load_engine(str(root), max_batch=max_batch)
+        self.step_s, self.gate, self.starts = step_s, threading.Event(), []
+        self.gate.set()
+        target = self.engine.scheduler.target
+        run = target.run
+
+        def gated(blocks):
+            self.gate.wait()
+            time.sleep(self.step_s)
+            self.starts.append([block.start for block in blocks])
+            return run(blocks)
+        target.run = gated
+
+    @property
+    def num_rows_decoding(self) -> int:
+        return sum(e is not None and not e.state.is_stopped for e in self.engine.scheduler.rows)
 
 
 def _served(serve_app, engine, **limits) -> tuple[str, object]:
@@ -253,3 +278,74 @@ def test_max_tokens_is_capped_by_the_server(serve_app, demo):
         status, _, body = _post(base, {"prompt": "def f(x):", **asked})
         assert status == 200 and json.loads(body)["usage"]["completion_tokens"] <= 6
         assert json.loads(body)["choices"][0]["finish_reason"] == "length"
+
+
+def _text(body: bytes, is_streamed: bool) -> str:
+    if not is_streamed:
+        return json.loads(body)["choices"][0]["text"]
+    events = [e.removeprefix("data: ") for e in body.decode().split("\n\n") if e]
+    return "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1])
+
+
+def test_a_full_queue_is_429_with_retry_after_with_max_batch(serve_app, batched_pair):
+    passes = GatedPasses(batched_pair, max_batch=2)
+    base, service = _served(serve_app, passes.engine, max_batch=2, max_waiting=1,
+                            retry_after_s=7)
+    prompts = ["0123", "abc", "ABAB"]
+    alone = [passes.engine.generate(p, max_new_tokens=6).text for p in prompts]
+    passes.gate.clear()  # the first pass holds the engine until the gate opens
+    answers: dict[int, tuple] = {}
+
+    def send(i: int) -> None:
+        answers[i] = _post(base, {"prompt": prompts[i], "max_tokens": 6, "temperature": 0,
+                                  "stream": i == 1})
+    clients = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for client in clients[:2]:  # two rows running
+        client.start()
+    _wait_for(lambda: len(service.admission.running) == 2)
+    clients[2].start()  # one waiting
+    _wait_for(lambda: service.admission.num_waiting == 1)
+    status, headers, body = _post(base, {"prompt": "x", "max_tokens": 4})
+    assert status == 429 and headers["Retry-After"] == "7"
+    assert json.loads(body)["error"]["code"] == "queue_full"
+    passes.gate.set()
+    for client in clients:
+        client.join(timeout=60)
+    assert [answers[i][0] for i in range(3)] == [200] * 3
+    assert [_text(answers[i][2], i == 1) for i in range(3)] == alone
+    assert service.metrics.errors.labels(MODEL, "429")._value.get() == 1
+
+
+@pytest.mark.parametrize("is_streamed", [False, True])
+def test_a_request_past_its_deadline_leaves_its_row_with_max_batch(serve_app, batched_pair,
+                                                                    is_streamed):
+    """A long request (about 55 passes of 0.1 s) past its 1.5 s deadline gets 504 (streamed:
+    a last error event) and its row is freed, while a short one decoded beside it is
+    answered as alone."""
+    passes = GatedPasses(batched_pair, max_batch=2, step_s=0.1)
+    base, service = _served(serve_app, passes.engine, max_batch=2, request_timeout_s=1.5)
+    short_alone = passes.engine.generate("abc", max_new_tokens=4).text
+    answers: dict[str, tuple] = {}
+    long = threading.Thread(target=lambda: answers.update(long=_post(
+        base, {"prompt": "0123", "max_tokens": 60, "stream": is_streamed})))
+    started = time.monotonic()
+    long.start()
+    _wait_for(lambda: passes.starts)  # the long request is decoding
+    answers["short"] = _post(base, {"prompt": "abc", "max_tokens": 4, "stream": is_streamed})
+    long.join(timeout=30)
+    assert time.monotonic() - started < 5
+    status, _, body = answers["long"]
+    if is_streamed:
+        events = [e.removeprefix("data: ") for e in body.decode().split("\n\n") if e]
+        assert status == 200 and events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "deadline_exceeded"
+    else:
+        assert status == 504 and json.loads(body)["error"]["code"] == "deadline_exceeded"
+    assert answers["short"][0] == 200
+    assert _text(answers["short"][2], is_streamed) == short_alone
+    _wait_for(lambda: not service.admission.running)
+    assert passes.num_rows_decoding == 0  # cancelled: it leaves at the next step
+    assert max(max(starts) for starts in passes.starts) < 30  # stopped, not decoded to 55
+    assert service.metrics.requests.labels(MODEL, "timeout")._value.get() == 1
+    assert _post(base, {"prompt": "abc", "max_tokens": 4})[0] == 200
+    assert passes.engine.scheduler.rows == [None, None]

@@ -1,14 +1,16 @@
 """The scheduler (speculative/scheduler.py, docs/design/batching.md "The scheduler") on the
 tiny export pair written with ``batch=4``, CPU float32: each request's output decoded with
-others equals its output alone (engine.generate, batch 1) token for token — for every host
-proposer and k, with prompts in chunks, requests joining and leaving mid-decode, stop strings,
-cancellation, seeded sampling and randomised arrival schedules. Each pass writes only its
-rows' valid slots. Planted defects (a cursor from another row, padding written, a stale
-length after a rollback, a finished row still counted) are each caught by the check named
-in their test."""
+others equals its output alone (engine.generate, batch 1) token for token — for every
+proposer (the chained drafter's rows drafted together) and k, with prompts in chunks,
+requests joining and leaving mid-decode, stop strings, cancellation, seeded sampling and
+randomised arrival schedules; each chained row drafts what it drafts alone. Each pass writes
+only its rows' valid slots. Planted defects (a cursor from another row, padding written, a
+stale length after a rollback, a finished row still counted, a chained row drafting from
+another row's cache) are each caught by the check named in their test."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -27,9 +29,12 @@ from export.export_models import (
     write_tokenizer,
 )
 from speculant.errors import AdmissionError, RequestError, SpeculantError
+from speculant.speculative import chain_rows
 from speculant.speculative import scheduler as scheduler_module
+from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.step_width import StepCosts, StepWidth
 from speculant.speculative.width import WidthTable
+from speculant.tensors import Value
 from speculant.workflow import batched_pass
 from speculant_tools.export import write_decoder_package, write_pair_package
 
@@ -98,8 +103,9 @@ def mismatches(engine: speculant.Engine, prompts: Sequence[Sequence[int]],
             if got.token_ids != alone(engine, prompt, **one).token_ids]
 
 
-GREEDY_CASES = [(None, None), *[("prompt_lookup", k) for k in (1, 2, 4, "auto")],
-                *[("draft", k) for k in (1, 2, 4, "auto")]]
+GREEDY_CASES = [(None, None), *[(proposer, k) for proposer in ("prompt_lookup", "draft",
+                                                                 "chained")
+                                 for k in (1, 2, 4, "auto")]]
 
 
 @pytest.mark.parametrize(("rows", "chunk"), [(ROWS, 128), (3, 3)])
@@ -114,6 +120,135 @@ def test_each_request_decoded_together_equals_its_output_alone(engines, rows, ch
             speculant.GenerationOptions(**o) for o in options[:3]])]
         assert sum(s.rounds for s in stats) > 0
         assert all(s.rollback_bytes_moved == 0 for s in stats)
+
+
+# -- the chained drafter steps its rows together (chain_rows.py) -----------------------------
+Drafts = dict[tuple[tuple[int, ...], int], list[int]]  # (prompt, C) -> the drafts proposed there
+
+
+def record_drafts(monkeypatch) -> tuple[Drafts, Drafts]:
+    """Spy on both chained paths: the drafts each request was proposed at each consumed
+    count ``C``, decoded together (``ChainRows.propose_rows``) and alone
+    (``ChainedProposer.propose``, batch 1)."""
+    together: Drafts = {}
+    alone_drafts: Drafts = {}
+    propose_rows, propose = chain_rows.ChainRows.propose_rows, ChainedProposer.propose
+
+    def key(state) -> tuple[tuple[int, ...], int]:
+        return tuple(state.tokens[:state.prompt_len]), state.consumed
+
+    def spied_rows(self, requests):
+        before = snapshot(self.target)
+        results = propose_rows(self, requests)
+        assert (snapshot(self.target) == before).all(), "the drafter wrote a borrowed cache"
+        for (state, _), result in zip(requests, results, strict=True):
+            together[key(state)] = list(result.tokens)
+        return results
+
+    def spied(self, state, k):
+        result = propose(self, state, k)
+        alone_drafts[key(state)] = list(result.tokens) if result.drafts is None else \
+            np.asarray(result.drafts.data).tolist()
+        return result
+
+    monkeypatch.setattr(chain_rows.ChainRows, "propose_rows", spied_rows)
+    monkeypatch.setattr(ChainedProposer, "propose", spied)
+    return together, alone_drafts
+
+
+def drafts_mismatches(engine: speculant.Engine, prompts: Sequence[Sequence[int]],
+                      options: Sequence[dict], monkeypatch) -> tuple[list[str], int]:
+    """Where a row's drafts, made with the other rows', differ from the drafts its request
+    proposes alone at the same consumed count (the shorter one a prefix of the longer: a
+    chain is cut at its k), and how many proposals were compared. Each row must read its own
+    row of the borrowed caches, at its own length, for these to agree."""
+    together, alone_drafts = record_drafts(monkeypatch)
+    engine.generate_many(prompts, [speculant.GenerationOptions(**o) for o in options])
+    for prompt, one in zip(prompts, options, strict=True):
+        engine.generate(list(prompt), **one)  # not the cache: its drafts are recorded
+    found, compared = [], 0
+    for where, drafts in together.items():
+        if where in alone_drafts:
+            compared += 1
+            expected = alone_drafts[where]
+            n = min(len(drafts), len(expected))
+            if drafts[:n] != expected[:n]:
+                found.append(f"prompt {list(where[0])} at C={where[1]}: {drafts} != {expected}")
+    return found, compared
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_each_chained_row_drafts_what_it_drafts_alone(engines, monkeypatch, sampled):
+    """Every row's drafts made in the step's one drafter run per draft equal its batch-1
+    drafts at the same C, rows of different k (1, 2, 4) and lengths stepping together."""
+    engine = engines(ROWS, 3)
+    sampling = {"temperature": 0.9, "seed": 5} if sampled else {}
+    options = [{"max_new_tokens": n, "proposer": "chained", "k": (1, 2, 4)[i % 3], **sampling}
+               for i, n in enumerate(MAX_NEW)]
+    found, compared = drafts_mismatches(engine, PROMPTS, options, monkeypatch)
+    assert found == [] and compared >= 40
+
+
+@pytest.mark.parametrize("form", ["fused", "subset"])
+def test_each_chained_row_drafts_what_it_drafts_alone_in_other_drafter_forms(
+        roots, tmp_path, monkeypatch, form):
+    """The fused drafter graph (ONNX Attention, ``cache_lengths`` as ``nonpad_kv_seqlen``)
+    and a subset vocabulary (the drafter scores the first 30 ids): rows equal alone."""
+    config = dataclasses.replace(CONFIG, draft_vocab_size=30) if form == "subset" else CONFIG
+    root = write_pair_package(tmp_path / form, TARGET_WEIGHTS, config, DRAFTER_WEIGHTS,
+                              roots["pair"] / "tokenizer.json", cache="static", batch=ROWS,
+                              graph="fused" if form == "fused" else "explicit")
+    engine = speculant.load(root, max_batch=3, prefill_chunk=5)
+    options = [{"max_new_tokens": n, "proposer": "chained", "k": (4, 2, 1)[i % 3]}
+               for i, n in enumerate(MAX_NEW)]
+    assert mismatches(engine, PROMPTS, options) == []
+    found, compared = drafts_mismatches(engine, PROMPTS, options, monkeypatch)
+    assert found == [] and compared >= 40
+
+
+@pytest.mark.parametrize("defect", ["cache_lengths of the next row", "row index swapped"])
+def test_planted_drafter_reading_another_rows_cache_is_caught(roots, monkeypatch, defect):
+    """Planted: each row's drafter step reads the next row's length, or its token and carry
+    run in the next row (that row's cache at that row's length): the drafts differ."""
+    engine = speculant.load(roots["pair"], max_batch=ROWS, prefill_chunk=4)
+    if defect.startswith("cache_lengths"):
+        filled = chain_rows.ChainRows._filled
+        monkeypatch.setattr(chain_rows.ChainRows, "_filled",
+                            lambda self, lengths: filled(self, np.roll(lengths, 1)))
+    else:
+        run = chain_rows.ChainRows._run
+
+        def swapped(self, session, fixed, tokens, carry, outputs):
+            rolled = Value.host(np.roll(np.asarray(carry.data), 1, axis=0), carry.dtype)
+            return run(self, session, fixed, np.roll(tokens, 1), rolled, outputs)
+
+        monkeypatch.setattr(chain_rows.ChainRows, "_run", swapped)
+    options = [{"max_new_tokens": n, "proposer": "chained", "k": 2} for n in MAX_NEW[:4]]
+    found, compared = drafts_mismatches(engine, PROMPTS[:4], options, monkeypatch)
+    assert compared > 0 and found != []
+
+
+def test_chained_rows_join_and_leave_mid_decode(engines, monkeypatch):
+    """Chained requests arriving while others decode (their prompts in chunks beside the
+    decoding rows) each equal their output alone, and draft what they draft alone."""
+    engine = engines(3, 3)
+    together, alone_drafts = record_drafts(monkeypatch)
+    options = [{"max_new_tokens": n, "proposer": "chained", "k": k}
+               for n, k in zip(MAX_NEW, (2, 4, 1, "auto", 2, 4, 1), strict=True)]
+    handles = [engine.submit(PROMPTS[0], **options[0])]
+    for prompt, one in zip(PROMPTS[1:], options[1:], strict=True):
+        for _ in range(2):
+            engine.scheduler.step()
+        handles.append(engine.submit(prompt, **one))
+    outputs = [list(handle) for handle in handles]
+    for prompt, one, tokens in zip(PROMPTS, options, outputs, strict=True):
+        assert tokens == engine.generate(prompt, **one).token_ids
+    compared = [where for where in together if where in alone_drafts]
+    assert len(compared) >= 20
+    for where in compared:
+        n = min(len(together[where]), len(alone_drafts[where]))
+        assert together[where][:n] == alone_drafts[where][:n]
+    assert not engine.scheduler.has_work
 
 
 def test_requests_join_and_leave_mid_decode_with_their_own_stop_rules(engines):
@@ -167,7 +302,7 @@ def test_a_cancelled_request_stops_mid_stream_and_frees_its_row(engines):
                                k=2).token_ids
 
 
-@pytest.mark.parametrize("proposer", [None, "prompt_lookup", "draft"])
+@pytest.mark.parametrize("proposer", [None, "prompt_lookup", "draft", "chained"])
 def test_seeded_sampling_draws_the_same_tokens_together_as_alone(engines, proposer):
     engine = engines(3, 4)
     options = [{"max_new_tokens": n, "temperature": 0.9, "top_p": 0.95, "seed": 11 + i,
@@ -198,7 +333,8 @@ def test_logprobs_are_recorded_per_request_as_alone(engines):
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(arrivals=st.lists(st.tuples(st.integers(0, 12), st.integers(0, len(PROMPTS) - 1),
-                                   st.integers(1, 14), st.sampled_from([None, "prompt_lookup"])),
+                                   st.integers(1, 14),
+                                   st.sampled_from([None, "prompt_lookup", "chained"])),
                          min_size=1, max_size=8),
        rows=st.integers(1, ROWS), chunk=st.sampled_from([2, 5, 128]))
 def test_randomised_arrival_schedules_keep_every_output(engines, arrivals, rows, chunk):
@@ -259,9 +395,10 @@ def fresh_engine(roots) -> speculant.Engine:
     return speculant.load(roots["pair"], max_batch=ROWS, prefill_chunk=4)
 
 
-def test_each_pass_writes_only_its_rows_valid_slots(fresh_engine, monkeypatch):
+@pytest.mark.parametrize("proposer", ["prompt_lookup", "chained"])
+def test_each_pass_writes_only_its_rows_valid_slots(fresh_engine, monkeypatch, proposer):
     found = checked_writes(fresh_engine, monkeypatch)
-    fresh_engine.generate_many(PROMPTS[:3], max_new_tokens=8, proposer="prompt_lookup", k=2)
+    fresh_engine.generate_many(PROMPTS[:3], max_new_tokens=8, proposer=proposer, k=2)
     assert found == []
 
 
@@ -409,14 +546,57 @@ def test_k_by_load_shrinks_to_greedy_as_rows_join_and_returns_as_they_leave(root
 
 
 # -- refusals ---------------------------------------------------------------------------------
-def test_the_chained_drafter_is_refused_with_the_remedy(engines):
+def test_the_chained_drafter_under_a_grammar_is_refused_with_the_remedy(engines):
     engine = engines()
     with pytest.raises(RequestError) as caught:
-        engine.submit(PROMPTS[0], max_new_tokens=4, proposer="chained")
+        engine.submit(PROMPTS[0], max_new_tokens=4, proposer="chained",
+                      grammar=speculant.Grammar.regex("[0-9]+"))
     problem = caught.value.problems[0]
-    assert problem.path == "proposer" and problem.value == "chained"
-    assert "decoded together" in problem.message and "prompt_lookup" in problem.remedy
-    assert not engine.scheduler.has_work
+    assert problem.path == "grammar" and "decoded together" in problem.message
+    assert "engine.generate" in problem.remedy and not engine.scheduler.has_work
+
+
+def test_a_drafter_whose_rows_cannot_step_together_is_refused_by_field():
+    """A fused port whose request axis is not its first: no B-row step graph (a ChainError
+    naming the field); its batch-1 step is unchanged."""
+    from types import SimpleNamespace
+
+    from speculant.errors import ChainError
+    from speculant.package.model import TensorContract
+    from speculant.speculative.chain_graph import step_prefix
+
+    fused = TensorContract.model_validate({
+        "dtype": "float32", "shape": ["sequence", "batch", 32],
+        "batch_layout": {"kind": "request_aligned", "axis": 1}})
+    chain = SimpleNamespace(fused_port="inputs_embeds", position_symbol="sequence")
+    with pytest.raises(ChainError) as caught:
+        step_prefix(fused, chain, rows=True)
+    problem = caught.value.problems[0]
+    assert problem.path == "speculative.proposal_execution.token_embedding_input"
+    assert "engine.generate" in problem.remedy
+    assert step_prefix(fused, chain) == (1, 1)
+
+
+def test_a_failed_drafter_run_ends_its_chained_rows_alone(fresh_engine, monkeypatch):
+    """ONNX Runtime failing the rows' drafter run: a ChainError for each chained row of
+    the step; a prompt-lookup row beside them decodes on, equal to alone."""
+    from speculant.errors import ChainError
+
+    rows = fresh_engine.chain_rows
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted: ORT failed the drafter")
+
+    monkeypatch.setattr(rows.session, "invoke", broken)
+    handles = [fresh_engine.submit(PROMPTS[i], max_new_tokens=8, proposer=proposer, k=2)
+               for i, proposer in enumerate(("chained", "prompt_lookup", "chained"))]
+    assert list(handles[1]) == alone(fresh_engine, PROMPTS[1], max_new_tokens=8,
+                                     proposer="prompt_lookup", k=2).token_ids
+    for i in (0, 2):
+        with pytest.raises(ChainError, match="planted: ORT failed the drafter"):
+            list(handles[i])
+        assert handles[i].state.stop_reason == "error"
+    assert not fresh_engine.scheduler.has_work
 
 
 def test_a_request_beyond_a_rows_capacity_is_refused_with_the_numbers(engines):

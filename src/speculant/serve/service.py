@@ -50,14 +50,14 @@ class Service:
         self.model_name = model_name
         self.defaults = defaults
         self.limits = limits
-        self.metrics = ServerMetrics(model_name)
         if not isinstance(limits.max_batch, int) or limits.max_batch < 1:
             raise RequestError("max_batch must be a number of requests >= 1",
                                path="max_batch", value=limits.max_batch,
                                expected="an integer >= 1")
+        self.metrics = ServerMetrics(model_name, limits.max_batch)
         self.is_batched = limits.max_batch > 1
         if self.is_batched:  # a package that cannot batch, or too many rows: refused now
-            engine.scheduler  # noqa: B018 - made (or refused) before the first request
+            self.metrics.watch(engine.scheduler)
         self.admission = Admission(max_running=limits.max_batch,
                                    max_waiting=limits.max_waiting,
                                    timeout_s=limits.request_timeout_s,
@@ -124,6 +124,8 @@ class Service:
         first_at, reason = None, "abort"  # reason: how it ended, unless finished
         opened: dict[str, Any] = {}
         async with self.admission.slot(ticket) as release:
+            self.metrics.queue_time.labels(self.model_name).observe(
+                ticket.started_at - ticket.arrived_at)  # type: ignore[operator]
             try:
                 await self._step(ticket, lambda: opened.setdefault("decode", open_decode()),
                                  "admitting it")

@@ -40,8 +40,11 @@ class StepComponent:
     ports: Ports  # the proposer's ports, the fused input replaced by TABLE, TOKEN, CARRY
 
 
-def step_component(package: Package) -> StepComponent:
-    """The proposer's step graph (see the module)."""
+def step_component(package: Package, *, rows: bool = False) -> StepComponent:
+    """The proposer's step graph (see the module). ``rows``: the step of ``B`` rows at once
+    (the scheduler's, speculative/chain_rows.py): ``TOKEN`` [B], ``CARRY`` [B, 1, W_C] and
+    ``NEXT`` [B], the request axis the fused port's own symbol (a ChainError where the
+    fused port's request axis is not its first, or the step broadcasts its row)."""
     name, chain = package.plan.proposer, package.plan.chain
     assert name is not None and chain is not None
     model = onnx.ModelProto()
@@ -52,7 +55,8 @@ def step_component(package: Package) -> StepComponent:
     table = table_initializer(package, chain)
     ports = package.document.workflow.components[name].ports
     assert ports is not None
-    step_shape = (*step_prefix(ports.inputs[chain.fused_port], chain), chain.fused_width)
+    step_shape = (*step_prefix(ports.inputs[chain.fused_port], chain, rows=rows),
+                  chain.fused_width)
     _check_names(model.graph, str(package.artifacts[name]))
     vocabulary, vocab = package.document.speculative.vocabulary, package.logits_width or 0
     ids = read_vocabulary_map(package.root / vocabulary.artifact) \
@@ -60,10 +64,11 @@ def step_component(package: Package) -> StepComponent:
     _rewrite(model.graph, chain, step_shape, table, ports, ids, vocab)
     inputs = {port: c for port, c in ports.inputs.items() if port != chain.fused_port}
     inputs[TABLE] = TensorContract(dtype=chain.currency, rank=2, shape=list(table.dims))
-    inputs[TOKEN] = TensorContract(dtype="int32", rank=1, shape=[1])
+    batch = step_shape[0] if rows else 1  # the step's rows: B (a symbol) or 1
+    inputs[TOKEN] = TensorContract(dtype="int32", rank=1, shape=[batch])
     inputs[CARRY] = TensorContract(dtype=chain.currency, rank=len(step_shape),
                                    shape=[*step_shape[:-1], chain.carry_width])
-    outputs = {**ports.outputs, NEXT: TensorContract(dtype="int32", rank=1, shape=[1])}
+    outputs = {**ports.outputs, NEXT: TensorContract(dtype="int32", rank=1, shape=[batch])}
     if ids is not None:  # the logits output scores the target's V ids
         logits = outputs[chain.logits_output]
         outputs[chain.logits_output] = logits.model_copy(update={"shape": [*logits.dims[:-1],
@@ -72,10 +77,23 @@ def step_component(package: Package) -> StepComponent:
                          Ports(inputs=inputs, outputs=outputs, roles=dict(ports.roles)))
 
 
-def step_prefix(fused: TensorContract, chain: ChainPlan) -> tuple[int, ...]:
+def step_prefix(fused: TensorContract, chain: ChainPlan, *, rows: bool = False
+                ) -> tuple[int | str, ...]:
     """The fused input's extents but the last, for one step: the request axis and σ are 1,
-    a static extent is itself; an axis speculant cannot derive is a ChainError."""
-    prefix = []
+    a static extent is itself; an axis speculant cannot derive is a ChainError. ``rows``:
+    the request axis keeps its symbol (``B`` rows), and must be the first of 1s."""
+    prefix: list[int | str] = []
+    if rows:
+        dims = fused.dims[:-1]
+        if fused.batch_layout.axis != 0 or not isinstance(dims[0], str) or any(
+                dim != 1 and dim != chain.position_symbol for dim in dims[1:]):
+            raise ChainError(f"the fused port '{chain.fused_port}' {list(fused.dims)} is not "
+                             "[batch, 1 or σ …, width]: its rows cannot step in one run",
+                             value=list(fused.dims),
+                             path="speculative.proposal_execution.token_embedding_input",
+                             remedy="decode chained requests alone (engine.generate), or use "
+                                    "proposer='prompt_lookup' or 'draft' with the scheduler")
+        return (dims[0], *([1] * (len(dims) - 1)))
     for axis, dim in enumerate(fused.dims[:-1]):
         if axis == fused.batch_layout.axis or dim == chain.position_symbol:
             prefix.append(1)
@@ -114,22 +132,22 @@ def _check_names(graph: onnx.GraphProto, artifact: str) -> None:
             f"'{_PREFIX}')")
 
 
-def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ...],
+def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int | str, ...],
              table: TensorProto, ports: Ports, ids: np.ndarray | None, vocab: int) -> None:
     fused = next(i for i in graph.input if i.name == chain.fused_port)
     elem_type = fused.type.tensor_type.elem_type
     graph.input.remove(fused)
-    rank = len(step_shape)
     prefix = list(step_shape[:-1])
+    token_shape = [dim for dim in prefix if isinstance(dim, str)][:1] or [1]  # [B] or [1]
     graph.input.extend([
         helper.make_tensor_value_info(TABLE, elem_type, list(table.dims)),
-        helper.make_tensor_value_info(TOKEN, TensorProto.INT32, [1]),
+        helper.make_tensor_value_info(TOKEN, TensorProto.INT32, token_shape),
         helper.make_tensor_value_info(CARRY, elem_type, [*prefix, chain.carry_width]),
     ])
     logits_rank = _rank_of(graph, chain.logits_output, ports)
-    broadcast = any(dim != 1 for dim in prefix)  # the row to a step wider than one
-    constants = {
-        "row_shape": [1] * (rank - 1) + [table.dims[1]],  # [1, ..., 1, W_E]
+    broadcast = any(isinstance(dim, int) and dim != 1 for dim in prefix)  # a wider step
+    constants = {  # [1 or B (-1), 1, ..., 1, W_E]
+        "row_shape": [-1 if isinstance(dim, str) else 1 for dim in prefix] + [table.dims[1]],
         **({"prefix_shape": [*prefix, 1], "last_row": -1} if broadcast else {}),  # Expand, Gather
     }
     graph.initializer.extend(
@@ -160,7 +178,7 @@ def _rewrite(graph: onnx.GraphProto, chain: ChainPlan, step_shape: tuple[int, ..
     nodes = [*prologue, *graph.node, *epilogue]
     del graph.node[:]
     graph.node.extend(nodes)
-    graph.output.append(helper.make_tensor_value_info(NEXT, TensorProto.INT32, [1]))
+    graph.output.append(helper.make_tensor_value_info(NEXT, TensorProto.INT32, token_shape))
 
 
 def _map_scores(graph: onnx.GraphProto, scores: str, rank: int, ids: np.ndarray,

@@ -128,13 +128,13 @@ class ChainedProposer:
         on static caches the drafts stay where the chain runs (``Proposal.drafts`` [k] int32,
         each step's argmax the next step's token there: ``chain_steps.py``) and the round
         verifies them in place; otherwise each draft is read back (4 bytes) as it is made."""
-        last, carry_0 = self._chain_context(state)
+        last, carry_0 = self.chain_context(state)
         if state.cells.is_in_place:
             return self._propose_planned(state, self._planned(state, state.cells, last, carry_0),
                                          k)
         return self._propose_invoked(state, k, last, carry_0)
 
-    def _chain_context(self, state: DecodeState) -> tuple[int, Value]:
+    def chain_context(self, state: DecodeState) -> tuple[int, Value]:
         """``s`` (the last consumed token) and ``carry_0`` [1, 1, W_C] of the decode state."""
         pass_result, num_kept = state.latest, state.num_kept
         assert pass_result is not None
@@ -241,7 +241,7 @@ class ChainedProposer:
         cells = state.cells
         if not cells.is_in_place:
             return
-        last, carry_0 = self._chain_context(state)
+        last, carry_0 = self.chain_context(state)
         steps = self._planned(state, cells, last, carry_0)
         plans: dict[int, PassPlan] = {}  # id -> plan: the step plans are shared by widths
         for k in widths:
@@ -268,7 +268,7 @@ class ChainedProposer:
         cells = state.cells
         assert cells.is_in_place
         if after is None:
-            last, carry_0 = self._chain_context(state)
+            last, carry_0 = self.chain_context(state)
             steps = self._planned(state, cells, last, carry_0)
         else:
             steps = cells.chain_steps

@@ -22,6 +22,7 @@ kind's default`` from the engine's measured costs (:attr:`ProposerSources.costs`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,8 +54,10 @@ class ProposerSources:
     target_session: ComponentSession | None = None  # observed while k="auto" decodes
     proposing_sessions: tuple[ComponentSession, ...] = ()  # the proposers' sessions, alike
     # requests decoded together (speculative/scheduler.py): only kinds that can run per row,
-    # each draft model with caches of its own (not the engine's pool, kept for one request)
+    # each draft model with caches of its own (not the engine's pool, kept for one request),
+    # the chained drafter stepping the rows together (made on first use: chain_rows.py)
     is_batched: bool = False
+    chained_rows: Callable[[], Proposer] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def _rollback_bound(sources: ProposerSources, name: str) -> Bound:
 class Chained:
     name = "chained"
     help = "the chained drafter the package declares"
-    can_batch = False  # the scheduler does not drive its B-row step graph yet
+    can_batch = True  # every chained row of a step drafted in one run per step (chain_rows)
 
     def bound(self, sources: ProposerSources) -> Bound:
         if sources.chained is None or sources.plan.rollback_bound is None:
@@ -106,10 +109,19 @@ class Chained:
         return self.bound(sources).max_k
 
     def check(self, sources: ProposerSources, request: Request) -> None:
-        pass  # a subset vocabulary samples too: its q is 0 beyond its ids (tensors/sampling)
+        # a subset vocabulary samples too: its q is 0 beyond its ids (tensors/sampling)
+        if sources.is_batched and request.options.grammar is not None:
+            raise RequestError("the chained drafter does not draft under a grammar for "
+                               "requests decoded together yet", path="grammar",
+                               value="chained", remedy="decode this request alone with "
+                               "engine.generate(...), or use proposer='prompt_lookup' or "
+                               "'draft' with the scheduler")
 
     def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
         assert sources.chained is not None
+        if sources.is_batched:
+            assert sources.chained_rows is not None
+            return sources.chained_rows()
         return sources.chained
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from speculant.errors import SpeculantError
 from speculant.tensors import Value
 from speculant.workflow.state import DecodeState, RoundResult
 from speculant.workflow.target_pass import PassResult
@@ -50,6 +51,20 @@ class Proposer(Protocol):
         """At most ``k`` drafts following the pending token ``state.tokens[-1]``; sampled
         from ``T(row)`` when ``state.sampler`` is set (keyed: draft ``i`` with the noise of
         sequence position ``state.consumed + i``, workflow/sampler.py)."""
+        ...
+
+
+@runtime_checkable
+class RowsProposer(Protocol):
+    """A proposer that drafts the rows of a scheduler step together (one run per draft for
+    all of them: the chained drafter, speculative/chain_rows.py)."""
+
+    def propose(self, state: DecodeState, k: int) -> Proposal: ...
+
+    def propose_rows(self, requests: Sequence[tuple[DecodeState, int]]
+                     ) -> list[Proposal | SpeculantError]:
+        """Each ``(state, k)``'s drafts (``k >= 1``), or the error that ended its proposal
+        alone; an error of the whole run is raised."""
         ...
 
 

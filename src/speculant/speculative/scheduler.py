@@ -8,8 +8,11 @@ it decodes, its state's consumed count being the row's cursor. Invariant between
 every decoding row satisfies the decode state's invariant (its row holds exactly its consumed
 positions, the pending token is the target's latest choice); a prefilling row holds its first
 ``C < P`` prompt positions. A step's rounds are the reference round (round.py's
-``launch_host_round``), whose target pass is the row's part of the one batched pass; its
-``k="auto"`` rows draft as far as the width the step's :class:`StepWidth` chooses by load.
+``launch_host_round``), whose target pass is the row's part of the one batched pass; the
+rows of a proposer that drafts rows together (:class:`RowsProposer`: the chained drafter)
+are drafted first, one run of it per draft for all of them, each round then proposing its
+row's drafts as host tokens. Its ``k="auto"`` rows draft as far as the width the step's
+:class:`StepWidth` chooses by load.
 """
 
 from __future__ import annotations
@@ -17,15 +20,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from speculant.errors import AdmissionError, SpeculantError
-from speculant.speculative.proposal import LaunchedRound, Proposer
+from speculant.speculative.proposal import LaunchedRound, Proposal, Proposer, RowsProposer
 from speculant.speculative.round import launch_host_round
 from speculant.speculative.step_width import StepWidth
 from speculant.speculative.width import WidthPolicy
 from speculant.tensors import Value
-from speculant.workflow.batched_pass import BatchedTargetPass, RowBlock
+from speculant.workflow.batched_pass import BatchedTargetPass, RowBlock, row_bucket
 from speculant.workflow.cells import RowCells
 from speculant.workflow.request import Admitted
 from speculant.workflow.sampler import choose
@@ -80,7 +84,7 @@ class StepBatch:
         return max(len(block.tokens) for block in self.blocks)
 
     def run(self, target: BatchedTargetPass) -> None:
-        is_planned = self.width in target.plans
+        is_planned = (row_bucket(self.blocks, target.rows), self.width) in target.plans
         started = time.perf_counter()
         self.results = target.run(self.blocks)
         self.seconds = time.perf_counter() - started if is_planned else None
@@ -113,6 +117,17 @@ class RowTarget:
         return QueuedPass(self.batch, len(self.batch.blocks) - 1)
 
 
+@dataclass(frozen=True)
+class Drafted:
+    """A row's drafts made with the other rows' (:class:`RowsProposer`), proposed by its
+    round as host tokens."""
+
+    proposal: Proposal
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return self.proposal
+
+
 class Scheduler:
     """The engine's loop for requests decoded together: :meth:`submit` queues an admitted
     request, :meth:`step` runs one batched step (the module says what a step does)."""
@@ -130,6 +145,7 @@ class Scheduler:
         self.waiting: deque[Entry] = deque()  # admitted, waiting for a free row
         self.num_steps = 0
         self.widths = StepWidth()  # k="auto" rows: each step's width, by measured load
+        self.step_observers: list[Callable[[int], None]] = []  # each told a pass's rows
         self._lock = threading.Lock()  # one step at a time, whoever drives it
 
     @property
@@ -171,11 +187,17 @@ class Scheduler:
             if not is_prefilling:  # k="auto" rows draft as far as the step's chosen W
                 self.widths.choose([(entry.policy, min(entry.state.capped_width(
                     entry.widest), room - 1)) for entry in busy])
-            batch, launched = StepBatch(), {}
+            batch, launched, widths = StepBatch(), {}, {}
             for entry in busy:
                 try:
+                    widths[entry] = self._width(entry, room, is_prefilling)
+                except SpeculantError as error:  # its policy's: the request ends alone
+                    self._fail(entry, error)
+            drafted = self._draft_rows(widths)
+            for entry in [entry for entry in busy if entry in widths]:
+                try:
                     launched[entry] = self._launch(entry, RowTarget(batch), room,
-                                                   is_prefilling)
+                                                   widths[entry], drafted.get(entry))
                 except SpeculantError as error:  # its proposer's: the request ends alone
                     self._fail(entry, error)
             busy = list(launched)
@@ -196,22 +218,56 @@ class Scheduler:
                     self.widths.observe_step(len(busy), batch.width, batch.seconds,
                                              time.perf_counter() - started, not is_prefilling)
             self.num_steps += 1
+            for observe in self.step_observers if busy else ():
+                observe(len(busy))
             self._leave()  # 5. Stopped and cancelled rows leave.
             return True
 
-    def _launch(self, entry: Entry, target: RowTarget, room: int,
-                is_prefilling: bool) -> QueuedPass | LaunchedRound:
-        """A prefilling row's next prompt chunk, or a decoding row's round: k drafts
-        (none in a step where a row prefills: onnxruntime-genai's rule)."""
+    def _width(self, entry: Entry, room: int, is_prefilling: bool) -> int:
+        """A decoding row's k this step (none in a step where a row prefills:
+        onnxruntime-genai's rule); 0 for a prefilling row."""
+        state = entry.state
+        if entry.is_prefilling:
+            return 0
+        k = 0 if is_prefilling else entry.policy.width(
+            state, min(state.capped_width(entry.widest), room - 1))
+        return k
+
+    def _draft_rows(self, widths: dict[Entry, int]) -> dict[Entry, Drafted]:
+        """The drafts of every row whose proposer drafts rows together, one
+        ``propose_rows`` per proposer: a row's error ends it alone, a failed run every row
+        of that proposer."""
+        groups: dict[int, list[Entry]] = {}
+        for entry, k in widths.items():
+            if k and isinstance(entry.proposer, RowsProposer):
+                groups.setdefault(id(entry.proposer), []).append(entry)
+        drafted = {}
+        for entries in groups.values():
+            proposer = entries[0].proposer
+            assert isinstance(proposer, RowsProposer)
+            try:
+                proposals = proposer.propose_rows([(e.state, widths[e]) for e in entries])
+            except SpeculantError as error:
+                proposals = [error] * len(entries)
+            for entry, proposal in zip(entries, proposals, strict=True):
+                if isinstance(proposal, SpeculantError):
+                    self._fail(entry, proposal)
+                    del widths[entry]
+                else:
+                    drafted[entry] = Drafted(proposal)
+        return drafted
+
+    def _launch(self, entry: Entry, target: RowTarget, room: int, k: int,
+                drafted: Drafted | None) -> QueuedPass | LaunchedRound:
+        """A prefilling row's next prompt chunk, or a decoding row's round of ``k`` drafts
+        (``drafted``: made with the other rows' already)."""
         state = entry.state
         if entry.is_prefilling:
             start = state.consumed
             chunk = state.tokens[start:min(start + min(self.prefill_chunk, room),
                                            state.prompt_len)]
             return target.run(chunk, start, entry.cells, state.admitted, state.controls)
-        k = 0 if is_prefilling else entry.policy.width(
-            state, min(state.capped_width(entry.widest), room - 1))
-        return launch_host_round(state, target, entry.proposer, entry.policy, k)
+        return launch_host_round(state, target, drafted or entry.proposer, entry.policy, k)
 
     def _read(self, entry: Entry, launched: QueuedPass | LaunchedRound) -> None:
         state = entry.state

@@ -33,6 +33,13 @@ from speculant.workflow.target_pass import PassResult
 KEPT_WIDTHS = 16  # plans of wider blocks (prompt chunks) are made for their pass alone
 
 
+def row_bucket(blocks: Sequence[RowBlock], num_rows: int) -> int:
+    """The rows a pass runs: the first ``n`` of the buffers, ``n`` the power of two (at most
+    ``num_rows``) that covers the highest busy row; the rows past it are not computed."""
+    used = max(block.cells.row for block in blocks) + 1
+    return min(num_rows, 1 << (used - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class RowBlock:
     """One row's part of a batched pass."""
@@ -115,6 +122,7 @@ class BatchedTargetPass:
                       batch.block_lengths_port: "widths"}
         self.cell_of = {cell.owner_input: name for name, cell in plan.cells.items()}
         self.present_of = {cell.owner_output: name for name, cell in plan.cells.items()}
+        self.cell_port = {name: cell.owner_input for name, cell in plan.cells.items()}
         ports = [*plan.target_inputs, batch.block_lengths_port]
         unknown = [p for p in ports if p not in self.roles and p not in self.cell_of]
         if unknown or "tokens" not in self.roles.values():
@@ -126,12 +134,16 @@ class BatchedTargetPass:
         self.inputs = {port: session.ports.inputs[port] for port in ports}
         self.logits_port = plan.port_by_role.get("logits", "logits")
         self.vocab = package.logits_width
+        seed = session.ports.outputs.get(plan.chain.seed_output) if plan.chain else None
+        # the chained drafter's seed [B, W, H] (chain_rows.py reads each row's kept row)
+        self.seed_port = plan.chain.seed_output if seed is not None and isinstance(
+            seed.dims[-1], int) else None
         self.buffers = {}  # cell -> [rows, ..., capacity, ...], allocated once
         for name, cell in plan.cells.items():
             shape = cell_shape(package, cell, capacity)
             shape[cell.contract.batch_layout.axis if cell.contract.batch_layout else 0] = rows
             self.buffers[name] = self.seam.zeros(shape, cell.contract.dtype, session.device)
-        self.plans: dict[int, PassPlan] = {}  # W -> its plan, W <= KEPT_WIDTHS
+        self.plans: dict[tuple[int, int], PassPlan] = {}  # (rows, W) -> plan, W <= KEPT
 
     def reserve(self, num_prompt: int, max_new_tokens: int, k: int) -> RowCells:
         """A request's row-to-be, once its bound ``P + max_new_tokens + k + 1`` fits a row
@@ -150,55 +162,67 @@ class BatchedTargetPass:
     def run(self, blocks: Sequence[RowBlock]) -> list[PassResult]:
         """One pass over ``blocks`` (one per busy row; the other rows pad the batch); each
         row's :class:`PassResult`, in ``blocks``' order, its logits ``[1, W_b, V]``."""
-        width = max(len(block.tokens) for block in blocks)
-        cursors = row_cursors(blocks, self.rows)
+        width, rows = max(len(block.tokens) for block in blocks), row_bucket(blocks, self.rows)
+        cursors = row_cursors(blocks, rows)
         over = [(b.cells.row, b.start) for b in blocks if b.start + width > self.capacity]
         if over:
             raise ContractError(f"a batched pass of width {width} writes past the rows' "
                                 f"capacity {self.capacity} at (row, start) {over}",
                                 value=width, expected=f"start + {width} <= {self.capacity}")
-        values = {"cursors": cursors, "widths": row_widths(blocks, self.rows, width),
-                  "tokens": np.zeros((self.rows, width), np.int64),
+        values = {"cursors": cursors, "widths": row_widths(blocks, rows, width),
+                  "tokens": np.zeros((rows, width), np.int64),
                   "positions": cursors[:, None] + np.arange(width, dtype=np.int64)[None]}
         for block in blocks:
             values["tokens"][block.cells.row, :len(block.tokens)] = block.tokens
-        plan = self._plan(width)
+        plan = self._plan(rows, width)
         with self.seam.write_batch():
             for port, contract in self.inputs.items():
                 if port in self.roles:
                     plan.write(port, values[self.roles[port]].astype(
                         NUMPY_DTYPES[contract.dtype]))
         try:
-            logits = plan.run()[self.logits_port]  # [B, W, V]
+            produced = plan.run()
+            logits = produced[self.logits_port]  # [B, W, V]
         except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
             raise ContractError(f"ONNX Runtime failed a batched pass of {len(blocks)} row(s) "
                                 f"of width {width}: {exc}", file=self.artifact,
                                 path=self.field, remedy="decode the requests alone "
                                 "(engine.generate), and report the package") from exc
-        return [PassResult(block.start, block.tokens, {}, self.seam.truncate_axis(
-            self.seam.slice_axis(logits, 0, block.cells.row, 1), 1, len(block.tokens)), None,
-            block.cells) for block in blocks]
+        seed = produced.get(self.seed_port) if self.seed_port else None  # [B, W, H]
+        return [PassResult(block.start, block.tokens, {}, self._row(logits, block),
+                           None if seed is None else self._row(seed, block), block.cells)
+                for block in blocks]
 
-    def _plan(self, width: int) -> PassPlan:
-        """The plan of width ``W``: the small inputs' buffers, the caches bound as past and
-        present, and the logits ``[B, W, V]``; kept for the verify widths only."""
-        plan = self.plans.get(width)
+    def _row(self, value: Value, block: RowBlock) -> Value:
+        """Row ``b``'s valid part ``[1, W_b, ...]`` of a ``[B, W, ...]`` output."""
+        return self.seam.truncate_axis(self.seam.slice_axis(value, 0, block.cells.row, 1), 1,
+                                       len(block.tokens))
+
+    def _plan(self, rows: int, width: int) -> PassPlan:
+        """The plan of the first ``rows`` rows at width ``W``: the small inputs' buffers, the
+        caches' first rows (a view) bound as past and present, and the logits ``[rows, W,
+        V]``; kept for the verify widths only."""
+        plan = self.plans.get((rows, width))
         if plan is not None:
             return plan
         seam, device = self.seam, self.session.device
         inputs: dict[str, Value] = {}
         for port, contract in self.inputs.items():
             if port in self.cell_of:
-                inputs[port] = self.buffers[self.cell_of[port]]
+                inputs[port] = seam.owned_rows(self.buffers[self.cell_of[port]], 0, rows)
             else:
-                shape = (self.rows, width) if self.roles[port] in ("tokens", "positions") \
-                    else (self.rows,)
+                shape = (rows, width) if self.roles[port] in ("tokens", "positions") \
+                    else (rows,)
                 inputs[port] = seam.zeros(shape, contract.dtype, device)
         logits_dtype = self.session.ports.outputs[self.logits_port].dtype
-        outputs = {port: self.buffers[name] for port, name in self.present_of.items()}
-        outputs[self.logits_port] = seam.zeros((self.rows, width, self.vocab), logits_dtype,
+        outputs = {port: inputs[self.cell_port[name]] for port, name in self.present_of.items()}
+        outputs[self.logits_port] = seam.zeros((rows, width, self.vocab), logits_dtype,
                                                self.session.output_residency)
+        if self.seed_port is not None:
+            seed = self.session.ports.outputs[self.seed_port]
+            outputs[self.seed_port] = seam.zeros((rows, width, seed.dims[-1]), seed.dtype,
+                                                 self.session.output_residency)
         plan = PassPlan(self.session, inputs, outputs, capture=False)
         if width <= KEPT_WIDTHS:
-            self.plans[width] = plan
+            self.plans[rows, width] = plan
         return plan
