@@ -482,8 +482,8 @@ def test_planted_finished_row_still_counted_is_caught(fresh_engine, monkeypatch)
 
 # -- k by load: the step's width from the measured cost of a [B, W] pass ---------------------
 class FrozenCosts(StepCosts):
-    """A cost table the steps cannot move: ``t_pass(B, W) = 1 + slope[B] × (W − 1)``,
-    proposals and the time outside free."""
+    """A cost table the steps cannot move: ``t_pass(n, W) = 1 + slope[n] × (W − 1)`` for a
+    pass running ``n`` rows, proposals and the time outside free."""
 
     def __init__(self, slope: dict[int, float]) -> None:
         super().__init__()
@@ -502,18 +502,18 @@ class FrozenCosts(StepCosts):
 
 def test_k_by_load_shrinks_to_greedy_as_rows_join_and_returns_as_they_leave(roots,
                                                                             monkeypatch):
-    """A wider pass free at B <= 2 and dear at B >= 3: a k="auto" request drafts its widest
-    alone, every row verifies no drafts while three others decode beside it, speculation
-    comes back as they leave; each output equals its output alone."""
+    """A wider pass free where the pass runs 1 or 2 rows and dear at 4: a k="auto" request
+    drafts its widest alone, every row verifies no drafts while three others decode beside
+    it, speculation comes back as they leave; each output equals its output alone."""
     engine = speculant.load(roots["pair"], draft=roots["draft"], max_batch=ROWS)
     scheduler = engine.scheduler
-    scheduler.widths = StepWidth(FrozenCosts({1: 0.0, 2: 0.0, 3: 10.0, 4: 10.0}))
-    steps: list[dict] = []  # per decoding step: rows, W chosen, the widest cap, the pass's W
+    scheduler.widths = StepWidth(FrozenCosts({1: 0.0, 2: 0.0, 4: 10.0}))
+    steps: list[dict] = []  # per decoding step: rows run, W chosen, the widest cap, pass's W
     choose, run = scheduler.widths.choose, batched_pass.BatchedTargetPass.run
 
-    def chosen(rows):
-        steps.append({"rows": len(rows), "W": choose(rows),
-                      "cap": max(cap for _, cap in rows)})
+    def chosen(rows, num_run):
+        steps.append({"run": num_run, "W": choose(rows, num_run),
+                      "cap": max(cap for _, cap, _ in rows)})
         return steps[-1]["W"]
 
     def passed(self, blocks):
@@ -531,9 +531,9 @@ def test_k_by_load_shrinks_to_greedy_as_rows_join_and_returns_as_they_leave(root
                 for p, n in asked[1:]]
     while scheduler.has_work:
         scheduler.step()
-    alone_first = [s for s in steps[:3] if s["rows"] == 1]
-    crowded = [s for s in steps if s["rows"] >= 3]
-    left = [s for s in steps[3:] if s["rows"] <= 2 and s["cap"]]
+    alone_first = [s for s in steps[:3] if s["run"] == 1]
+    crowded = [s for s in steps if s["run"] == 4]
+    left = [s for s in steps[3:] if s["run"] <= 2 and s["cap"]]
     assert len(alone_first) == 3 and all(s["W"] == 1 + s["cap"] > 1 for s in alone_first)
     assert crowded and all(s["W"] == 1 and s["pass"] == 1 for s in crowded)
     assert left and all(s["W"] == 1 + s["cap"] for s in left)

@@ -79,8 +79,10 @@ def test_an_unmeasured_cell_is_read_off_its_rows_line_and_never_below_a_measured
     assert StepCosts().pass_seconds(1, range(1, 3)) == [1.0, 1.0]  # nothing: all alike
 
 
-def auto_rows(step: StepWidth, num_rows: int, cap: int = 3) -> list[tuple[RowWidth, int]]:
-    return [(RowWidth(cap, "prompt_lookup", step), cap) for _ in range(num_rows)]
+def auto_rows(step: StepWidth, num_rows: int, cap: int = 3, proposer=None,
+              kind: str = "prompt_lookup") -> list[tuple[RowWidth, int, object]]:
+    """``num_rows`` k="auto" rows of ``step``: (policy, cap, proposer)."""
+    return [(RowWidth(cap, kind, step), cap, proposer) for _ in range(num_rows)]
 
 
 def test_the_chosen_width_unmeasured_is_run_at_once_then_others_explored_spaced_and_bounded():
@@ -88,12 +90,12 @@ def test_the_chosen_width_unmeasured_is_run_at_once_then_others_explored_spaced_
     step.costs.observe_pass(1, 1, 1.0)
     rows = auto_rows(step, 1)
     rows[0][0].controller.acceptance[:] = [0.9, 0.9, 0.9]
-    assert step.choose(rows) == 4  # W = 4 looks as cheap as W = 1: run, so measured
+    assert step.choose(rows, 1) == 4  # W = 4 looks as cheap as W = 1: run, so measured
     assert step.k == 3
     step.costs.observe_pass(1, 4, 4.0)  # dear: the line says W = 2, 3 cost 2 and 3
     chosen = []
     for _ in range(4 * EXPLORE_EVERY):
-        width = step.choose(rows)
+        width = step.choose(rows, 1)
         chosen.append(width)
         if width != 1:
             step.costs.observe_pass(1, width, {2: 2.5, 3: 3.5}[width])
@@ -111,7 +113,7 @@ def test_a_width_that_cannot_beat_the_choice_even_at_its_lower_bound_is_not_expl
     rows = auto_rows(step, 1, cap=2)
     row = rows[0][0]
     row.controller.acceptance[:] = [0.01, 0.01]  # W = 3: 1.0101 tokens at >= 10 s
-    assert [step.choose(rows) for _ in range(2 * EXPLORE_EVERY)] == [1] * 2 * EXPLORE_EVERY
+    assert [step.choose(rows, 1) for _ in range(2 * EXPLORE_EVERY)] == [1] * 2 * EXPLORE_EVERY
 
 
 def test_a_greedy_run_probes_one_draft_per_row_after_the_priced_interval():
@@ -119,9 +121,9 @@ def test_a_greedy_run_probes_one_draft_per_row_after_the_priced_interval():
     for width, seconds in ((1, 1.0), (2, 1.0 + 0.02 * 20), (3, 100.0), (4, 100.0)):
         step.costs.observe_pass(2, width, seconds)
     rows = auto_rows(step, 2)
-    for policy, _ in rows:
+    for policy, _, _ in rows:
         policy.controller.acceptance[:] = [0.1, 0.1, 0.1]
-    chosen = [step.choose(rows) for _ in range(3 * MAX_PROBE_EVERY)]
+    chosen = [step.choose(rows, 2) for _ in range(3 * MAX_PROBE_EVERY)]
     probes = [i for i, w in enumerate(chosen) if w == 2]
     assert set(chosen) == {1, 2} and len(probes) >= 2
     gaps = {b - a for a, b in zip(probes, probes[1:], strict=False)}
@@ -134,11 +136,11 @@ def test_fixed_rows_bound_the_width_from_below_and_auto_rows_draft_up_to_it():
     for width in range(1, 5):
         step.costs.observe_pass(2, width, float(width))  # steep: auto alone would be greedy
     fixed = FixedWidth(2)
-    auto, cap = auto_rows(step, 1)[0]
-    assert step.choose([(fixed, 2), (auto, cap)]) == 3
+    auto, cap, _ = auto_rows(step, 1)[0]
+    assert step.choose([(fixed, 2, None), (auto, cap, None)], 2) == 3
     assert auto.width(None, cap) == 2 and auto.width(None, 1) == 1  # its cap still binds
-    assert step.choose([(fixed, 0), (auto, cap)]) == 1  # the fixed row capped to 0
-    assert step.choose([(fixed, 2), (FixedWidth(0), 0)]) == 3  # no auto row: no choice
+    assert step.choose([(fixed, 0, None), (auto, cap, None)], 2) == 1  # the fixed row capped
+    assert step.choose([(fixed, 2, None), (FixedWidth(0), 0, None)], 2) == 3  # no auto row
 
 
 def test_a_measured_policy_becomes_a_row_of_the_step_and_a_fixed_one_stays():
@@ -163,18 +165,60 @@ def test_a_row_observes_its_acceptance_and_times_proposals_after_a_widths_first(
     assert step.costs.propose_seconds("draft", 2) == pytest.approx([0.0, 0.1, 0.2])
 
 
-def test_the_time_outside_the_pass_and_the_proposals_is_priced_per_b_in_decoding_steps():
+def test_a_pass_is_priced_by_the_rows_it_runs_and_the_time_outside_by_the_rows_in_the_step():
     step = StepWidth()
-    rows = auto_rows(step, 2)
-    step.choose(rows)
+    rows = auto_rows(step, 3)
+    step.choose(rows, 4)
     rows[0][0].proposed(1, 0.1)
     rows[0][0].proposed(1, 0.1)
-    step.observe_step(2, 2, 0.5, 1.0, is_decoding=True)  # 1.0 - 0.5 - 0.2 outside
-    assert step.costs.outside.seconds == {2: pytest.approx(0.3)}
-    assert step.costs.passes[2].seconds == {2: 0.5}
-    step.observe_step(2, 5, None, 9.0, is_decoding=True)  # its plan made in it: not timed
-    step.observe_step(3, 5, 0.7, 9.0, is_decoding=False)  # a prefill step: its pass alone
-    assert step.costs.passes[3].seconds == {5: 0.7} and set(step.costs.outside.seconds) == {2}
+    step.observe_step(3, 4, 2, 0.5, 1.0, is_decoding=True)  # 1.0 - 0.5 - 0.2 outside
+    assert step.costs.outside.seconds == {3: pytest.approx(0.3)}
+    assert step.costs.passes == {4: step.costs.passes[4]}
+    assert step.costs.passes[4].seconds == {2: 0.5}
+    step.observe_step(3, 4, 5, None, 9.0, is_decoding=True)  # its plan made in it: not timed
+    step.observe_step(2, 2, 5, 0.7, 9.0, is_decoding=False)  # a prefill step: its pass alone
+    assert step.costs.passes[2].seconds == {5: 0.7} and set(step.costs.outside.seconds) == {3}
+
+
+class Together:
+    """A proposer that drafts the step's rows together (a RowsProposer's methods)."""
+
+    def propose(self, state, k):
+        raise AssertionError("not called by the rule")
+
+    def propose_rows(self, requests):
+        raise AssertionError("not called by the rule")
+
+
+def test_rows_drafted_together_are_priced_once_per_step_at_their_widest_draft():
+    rows = StepRows.of([([0.9] * 3, 3, [0.0] * 4), ([0.9] * 3, 1, [0.0] * 4)],
+                       groups=[(3, [0.0, 1.0, 2.0, 3.0])])
+    _, proposing = rows.totals(range(1, 6))
+    assert proposing.tolist() == [0.0, 1.0, 2.0, 3.0, 3.0]  # once, however many rows
+    step = StepWidth()
+    for width in range(1, 5):
+        step.costs.observe_pass(2, width, 1.0)  # the pass flat in W
+    for k in (1, 2, 3):
+        step.costs.observe_proposal("chained", k, float(k), is_together=True)
+    # W = 4 (the prior acceptance, 0.6) were the drafting free; at k s a draft it does not pay
+    assert step.choose(auto_rows(step, 2, kind="chained"), 2) == 4
+    assert step.choose(auto_rows(step, 2, proposer=Together(), kind="chained"), 2) == 1
+
+
+def test_a_together_drafting_is_timed_by_kind_and_widest_k_after_its_first():
+    step = StepWidth()
+    rows = auto_rows(step, 2, proposer=Together())
+    step.choose(rows, 2)
+    drafted = [(rows[0][0], 2), (rows[1][0], 1)]
+    step.drafted_together(drafted, 0.9)  # the first run of (kind, 2): not a measurement
+    assert step.costs.propose_rows == {}
+    step.drafted_together(drafted, 0.4)
+    assert step.costs.propose_rows["prompt_lookup"].seconds == {2: 0.4}
+    step.drafted_together([(rows[0][0], 2), (FixedWidth(2), 2)], 5.0)  # not all auto rows
+    step.drafted_together([], 5.0)
+    assert step.costs.propose_rows["prompt_lookup"].seconds == {2: 0.4}
+    step.observe_step(2, 2, 3, 0.5, 2.0, is_decoding=True)  # 2.0 - 0.5 - 0.9 - 0.4 outside
+    assert step.costs.outside.seconds == {2: pytest.approx(0.2)}
 
 
 def test_expected_tokens_at_each_rows_width_is_the_batch_1_rule():

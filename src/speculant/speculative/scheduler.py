@@ -78,13 +78,15 @@ class StepBatch:
         self.blocks: list[RowBlock] = []
         self.results: list[PassResult] | None = None
         self.seconds: float | None = None  # the pass's; None: its plan was made in it
+        self.num_run = 0  # the rows of the buffers the pass ran (row_bucket)
 
     @property
     def width(self) -> int:
         return max(len(block.tokens) for block in self.blocks)
 
     def run(self, target: BatchedTargetPass) -> None:
-        is_planned = (row_bucket(self.blocks, target.rows), self.width) in target.plans
+        self.num_run = row_bucket((block.cells.row for block in self.blocks), target.rows)
+        is_planned = (self.num_run, self.width) in target.plans
         started = time.perf_counter()
         self.results = target.run(self.blocks)
         self.seconds = time.perf_counter() - started if is_planned else None
@@ -186,14 +188,18 @@ class Scheduler:
             started = time.perf_counter()
             if not is_prefilling:  # k="auto" rows draft as far as the step's chosen W
                 self.widths.choose([(entry.policy, min(entry.state.capped_width(
-                    entry.widest), room - 1)) for entry in busy])
+                    entry.widest), room - 1), entry.proposer) for entry in busy], row_bucket(
+                    (entry.cells.row for entry in busy), self.target.rows))
             batch, launched, widths = StepBatch(), {}, {}
             for entry in busy:
                 try:
                     widths[entry] = self._width(entry, room, is_prefilling)
                 except SpeculantError as error:  # its policy's: the request ends alone
                     self._fail(entry, error)
+            drafting = time.perf_counter()
             drafted = self._draft_rows(widths)
+            self.widths.drafted_together([(entry.policy, widths[entry]) for entry in drafted],
+                                         time.perf_counter() - drafting)
             for entry in [entry for entry in busy if entry in widths]:
                 try:
                     launched[entry] = self._launch(entry, RowTarget(batch), room,
@@ -215,8 +221,9 @@ class Scheduler:
                     except SpeculantError as error:
                         self._fail(entry, error)
                 if busy:
-                    self.widths.observe_step(len(busy), batch.width, batch.seconds,
-                                             time.perf_counter() - started, not is_prefilling)
+                    self.widths.observe_step(len(busy), batch.num_run, batch.width,
+                                             batch.seconds, time.perf_counter() - started,
+                                             not is_prefilling)
             self.num_steps += 1
             for observe in self.step_observers if busy else ():
                 observe(len(busy))

@@ -3,10 +3,11 @@
 
 A step runs one batched pass ``[B, W]``; every row pays for ``W`` whatever it drafts. So the
 step's width is chosen once, for all its ``k="auto"`` rows (:class:`RowWidth`), from the
-scheduler's own measured costs (:class:`StepCosts`: a pass per ``(B, W)``, a row's proposal
-per kind and ``k``, a step's time outside both per ``B``) and each row's acceptance by
-position: the ``W`` with the most expected committed tokens per second of the step. Every
-width is verified by the target, so the choice never changes greedy output.
+scheduler's own measured costs (:class:`StepCosts`: a pass per ``(n, W)``, ``n`` the rows it
+computes; a row's proposal per kind and ``k``, and the rows' drafted together per kind and
+widest ``k``; a step's time outside them per ``B``, the rows in it) and each row's
+acceptance by position: the ``W`` with the most expected committed tokens per second of the
+step. Every width is verified by the target, so the choice never changes greedy output.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speculant.speculative.proposal import Proposer, RowsProposer
 from speculant.speculative.width import (
     UNMEASURED_SECONDS,
     MeasuredWidth,
@@ -37,9 +39,12 @@ class StepRows:
     tokens: np.ndarray  # [B, K + 1] float64: each row's E[a | k], k = 0 … its own max_k
     caps: np.ndarray  # [B] int64: the most drafts each row may verify this step
     propose_seconds: np.ndarray  # [B, K + 1] float64: each row's t_propose(k), k = 0 … K
+    # rows drafted together: per group, its widest cap and t_propose_rows(k), k = 0 … cap
+    groups: tuple[tuple[int, Sequence[float]], ...] = ()
 
     @classmethod
-    def of(cls, rows: Sequence[tuple[Sequence[float], int, Sequence[float]]]) -> StepRows:
+    def of(cls, rows: Sequence[tuple[Sequence[float], int, Sequence[float]]],
+           groups: Sequence[tuple[int, Sequence[float]]] = ()) -> StepRows:
         """From each row's acceptance by position (``p_1 … p_K``), its cap and its
         ``t_propose(0 … cap)``: ``E[a | k] = Σ_{j≤k} Π_{i≤j} p_i`` (the empty product 1)."""
         widest = max((len(acceptance) for acceptance, _, _ in rows), default=0)
@@ -49,16 +54,19 @@ class StepRows:
             factors[b, 1:len(acceptance) + 1] = acceptance
             proposing[b, :cap + 1] = seconds[:cap + 1]
         return cls(np.cumsum(np.cumprod(factors, axis=1), axis=1),
-                   np.array([cap for _, cap, _ in rows], np.int64), proposing)
+                   np.array([cap for _, cap, _ in rows], np.int64), proposing, tuple(groups))
 
     def totals(self, widths: range) -> tuple[np.ndarray, np.ndarray]:
         """For each ``W`` of ``widths``, with ``k_b(W) = min(cap_b, W − 1)`` (a row drafts
         as far as the step's block reaches): ``Σ_b E_b[a | k_b(W)]`` and
-        ``Σ_b t_propose_b(k_b(W))``, ``[len(widths)]`` float64 each."""
-        row = np.arange(len(self.caps))[:, None]
-        drafts = np.minimum(np.arange(widths.start - 1, widths.stop - 1)[None],
-                            self.caps[:, None])  # [B, len(widths)]: k_b(W)
-        return self.tokens[row, drafts].sum(0), self.propose_seconds[row, drafts].sum(0)
+        ``Σ_b t_propose_b(k_b(W)) + Σ_g t_propose_rows_g(min(cap_g, W − 1))`` (a group
+        drafts as far as its widest row), ``[len(widths)]`` float64 each."""
+        row, ks = np.arange(len(self.caps))[:, None], np.arange(widths.start - 1, widths.stop - 1)
+        drafts = np.minimum(ks[None], self.caps[:, None])  # [B, len(widths)]: k_b(W)
+        proposing = self.propose_seconds[row, drafts].sum(0)
+        for cap, seconds in self.groups:
+            proposing += np.asarray(seconds)[np.minimum(ks, cap)]
+        return self.tokens[row, drafts].sum(0), proposing
 
 
 def step_rates(rows: StepRows, widths: range, pass_seconds: Sequence[float],
@@ -82,15 +90,19 @@ def best_width(rows: StepRows, widths: range, pass_seconds: Sequence[float],
 class StepCosts:
     """The scheduler's measured costs (moving averages, as :class:`WidthTable`'s)."""
 
-    passes: dict[int, WidthTable] = field(default_factory=dict)  # B -> W -> seconds
+    passes: dict[int, WidthTable] = field(default_factory=dict)  # n rows run -> W -> seconds
     propose: dict[str, WidthTable] = field(default_factory=dict)  # kind -> k -> seconds
+    # kind -> the widest k -> seconds of drafting the step's rows together (RowsProposer)
+    propose_rows: dict[str, WidthTable] = field(default_factory=dict)
     outside: WidthTable = field(default_factory=WidthTable)  # B -> a step's other seconds
 
     def observe_pass(self, num_rows: int, width: int, seconds: float) -> None:
         self.passes.setdefault(num_rows, WidthTable()).observe(width, seconds)
 
-    def observe_proposal(self, kind: str, k: int, seconds: float) -> None:
-        self.propose.setdefault(kind, WidthTable(proportional=True)).observe(k, seconds)
+    def observe_proposal(self, kind: str, k: int, seconds: float, *,
+                         is_together: bool = False) -> None:
+        tables = self.propose_rows if is_together else self.propose
+        tables.setdefault(kind, WidthTable(proportional=True)).observe(k, seconds)
 
     def observe_outside(self, num_rows: int, seconds: float) -> None:
         if seconds >= 0.0:
@@ -119,9 +131,12 @@ class StepCosts:
                 max(fitted[i], self.lower_bound(num_rows, width))
                 for i, width in enumerate(widths)]
 
-    def propose_seconds(self, kind: str, cap: int) -> list[float]:
-        """``t_propose(k)`` for ``k = 0 … cap`` (0 at k = 0; 0 where never measured)."""
-        table = self.propose.get(kind, WidthTable(proportional=True))
+    def propose_seconds(self, kind: str, cap: int, *, is_together: bool = False
+                        ) -> list[float]:
+        """``t_propose(k)`` (``is_together``: ``t_propose_rows(k)``) for ``k = 0 … cap``
+        (0 at k = 0; 0 where never measured)."""
+        tables = self.propose_rows if is_together else self.propose
+        table = tables.get(kind, WidthTable(proportional=True))
         return [0.0, *table.at(range(1, cap + 1), 0.0)]
 
 
@@ -133,7 +148,7 @@ class StepWidth:
     Invariant: every width the rule compares it has a cost for; a width priced by
     estimate is run before it is trusted — the chosen one at once, one the rule did not
     pick but might under its :meth:`StepCosts.lower_bound` once per
-    :data:`EXPLORE_EVERY` steps — so each ``(B, W)`` is explored a bounded number of times.
+    :data:`EXPLORE_EVERY` steps — so each ``(n, W)`` is explored a bounded number of times.
     """
 
     def __init__(self, costs: StepCosts | None = None) -> None:
@@ -143,6 +158,7 @@ class StepWidth:
         self.num_steps = 0
         self._explored_at = -EXPLORE_EVERY  # the step of the last exploration
         self._proposing_seconds = 0.0  # this step's RowWidth proposals, summed
+        self._drafted_together: set[tuple[str, int]] = set()  # (kind, k) run: timed now
 
     def row_policy(self, policy: WidthPolicy) -> WidthPolicy:
         """The policy a request decodes with here: ``k="auto"`` (a :class:`MeasuredWidth`,
@@ -151,28 +167,37 @@ class StepWidth:
             return RowWidth(policy.controller.max_k, policy.kind, self)
         return policy
 
-    def choose(self, rows: Sequence[tuple[WidthPolicy, int]]) -> int:
-        """The step's width ``W`` for the decoding ``rows`` (each its policy and its cap);
-        sets :attr:`k` to ``W − 1``. Fixed rows only bound ``W`` from below."""
+    def choose(self, rows: Sequence[tuple[WidthPolicy, int, Proposer | None]],
+               num_run: int) -> int:
+        """The step's width ``W`` for the decoding ``rows`` (each its policy, its cap and its
+        proposer), its pass running ``num_run`` rows of the buffers; sets :attr:`k` to
+        ``W − 1``. Fixed rows only bound ``W`` from below."""
         self.num_steps += 1
         self._proposing_seconds = 0.0
-        num_rows, costs = len(rows), self.costs
+        costs = self.costs
+        auto = [(policy, cap, isinstance(proposer, RowsProposer))
+                for policy, cap, proposer in rows if isinstance(policy, RowWidth)]
         proposing: dict[tuple[str, int], list[float]] = {}  # (kind, cap) -> t_propose(k)
-        for policy, cap in rows:
-            if isinstance(policy, RowWidth) and (policy.kind, cap) not in proposing:
+        together: dict[str, int] = {}  # kind -> its rows' widest cap
+        for policy, cap, is_together in auto:
+            if (policy.kind, cap) not in proposing:
                 proposing[policy.kind, cap] = costs.propose_seconds(policy.kind, cap)
-        auto = StepRows.of([(policy.controller.acceptance, cap, proposing[policy.kind, cap])
-                            for policy, cap in rows if isinstance(policy, RowWidth)])
-        narrowest = 1 + max((min(policy.widths[-1], cap) for policy, cap in rows
+            if is_together:
+                together[policy.kind] = max(cap, together.get(policy.kind, 0))
+        steps = StepRows.of([(policy.controller.acceptance, cap, proposing[policy.kind, cap])
+                             for policy, cap, _ in auto],
+                            [(cap, costs.propose_seconds(kind, cap, is_together=True))
+                             for kind, cap in together.items()])
+        narrowest = 1 + max((min(policy.widths[-1], cap) for policy, cap, _ in rows
                              if not isinstance(policy, RowWidth)), default=0)
-        widths = range(narrowest, 1 + max([narrowest - 1, *auto.caps.tolist()]) + 1)
-        outside = costs.outside.seconds.get(num_rows, 0.0)
-        seconds = costs.pass_seconds(num_rows, widths)
-        width = best_width(auto, widths, seconds, outside)
-        if costs.is_measured(num_rows, width):
-            width = self._explore(auto, num_rows, widths, width, seconds, outside)
-        if width == 1 and auto.caps.any():
-            width = self._probe(auto, num_rows, outside)
+        widths = range(narrowest, 1 + max([narrowest - 1, *steps.caps.tolist()]) + 1)
+        outside = costs.outside.seconds.get(len(rows), 0.0)
+        seconds = costs.pass_seconds(num_run, widths)
+        width = best_width(steps, widths, seconds, outside)
+        if costs.is_measured(num_run, width):
+            width = self._explore(steps, num_run, widths, width, seconds, outside)
+        if width == 1 and steps.caps.any():
+            width = self._probe(steps, num_run, outside)
         else:
             self.num_greedy_steps = 0
         self.k = width - 1
@@ -214,14 +239,30 @@ class StepWidth:
         if is_timed:
             self.costs.observe_proposal(kind, k, seconds)
 
-    def observe_step(self, num_rows: int, width: int, pass_seconds: float | None,
-                     step_seconds: float, is_decoding: bool) -> None:
-        """A step of ``num_rows`` rows ran a pass of ``width`` in ``pass_seconds`` (None: not
-        a measurement — its plan was made in it) and took ``step_seconds`` from its choice
-        to its last read; only a step that decoded prices the time outside."""
+    def drafted_together(self, rows: Sequence[tuple[WidthPolicy, int]],
+                         seconds: float) -> None:
+        """The step's rows of a :class:`RowsProposer` (each its policy and its k) were
+        drafted together in ``seconds``: ``t_propose_rows(kind, widest k)`` where they are
+        all ``k="auto"`` rows of one kind (a (kind, k)'s first run is not timed)."""
+        kinds = {policy.kind if isinstance(policy, RowWidth) else None for policy, _ in rows}
+        if not rows or len(kinds) != 1 or None in kinds:
+            return
+        self._proposing_seconds += seconds
+        key = (kinds.pop(), max(k for _, k in rows))
+        if key in self._drafted_together:
+            self.costs.observe_proposal(*key, seconds, is_together=True)
+        self._drafted_together.add(key)
+
+    def observe_step(self, num_rows: int, num_run: int, width: int,
+                     pass_seconds: float | None, step_seconds: float,
+                     is_decoding: bool) -> None:
+        """A step of ``num_rows`` rows ran a pass of ``num_run`` rows and ``width`` in
+        ``pass_seconds`` (None: not a measurement — its plan was made in it) and took
+        ``step_seconds`` from its choice to its last read; only a step that decoded prices
+        the time outside."""
         if pass_seconds is None:
             return
-        self.costs.observe_pass(num_rows, width, pass_seconds)
+        self.costs.observe_pass(num_run, width, pass_seconds)
         if is_decoding:
             self.costs.observe_outside(num_rows, step_seconds - pass_seconds
                                        - self._proposing_seconds)

@@ -14,7 +14,7 @@ window), checked before each run; the scheduler keeps ``W`` within it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,10 +33,10 @@ from speculant.workflow.target_pass import PassResult
 KEPT_WIDTHS = 16  # plans of wider blocks (prompt chunks) are made for their pass alone
 
 
-def row_bucket(blocks: Sequence[RowBlock], num_rows: int) -> int:
+def row_bucket(busy_rows: Iterable[int], num_rows: int) -> int:
     """The rows a pass runs: the first ``n`` of the buffers, ``n`` the power of two (at most
     ``num_rows``) that covers the highest busy row; the rows past it are not computed."""
-    used = max(block.cells.row for block in blocks) + 1
+    used = max(busy_rows) + 1
     return min(num_rows, 1 << (used - 1).bit_length())
 
 
@@ -162,7 +162,8 @@ class BatchedTargetPass:
     def run(self, blocks: Sequence[RowBlock]) -> list[PassResult]:
         """One pass over ``blocks`` (one per busy row; the other rows pad the batch); each
         row's :class:`PassResult`, in ``blocks``' order, its logits ``[1, W_b, V]``."""
-        width, rows = max(len(block.tokens) for block in blocks), row_bucket(blocks, self.rows)
+        width = max(len(block.tokens) for block in blocks)
+        rows = row_bucket((block.cells.row for block in blocks), self.rows)
         cursors = row_cursors(blocks, rows)
         over = [(b.cells.row, b.start) for b in blocks if b.start + width > self.capacity]
         if over:
