@@ -170,6 +170,7 @@ class Scheduler:
             if not busy:
                 return False
             # 2. The step's width W keeps every row's window [L_b, L_b + W) in its row.
+            self.target.fit(max(entry.cells.capacity for entry in busy))
             room = min(self.target.capacity - entry.state.consumed for entry in busy)
             is_prefilling = any(entry.is_prefilling for entry in busy)
             batch, launched, widths = StepBatch(), {}, {}
