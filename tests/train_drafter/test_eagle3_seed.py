@@ -19,6 +19,7 @@ from speculant_tools.export import (  # noqa: E402
     ExportError,
     LlamaConfig,
     convert,
+    export_hf,
     read_weights,
     target_shapes,
 )
@@ -133,6 +134,11 @@ def test_a_fused_pair_reads_back_and_converts_with_its_seed(tmp_path, pair):
     outputs = run_target(converted / "target" / "model.onnx", np.array(IDS[:1]), False)
     np.testing.assert_allclose(outputs[FUSED_SEED], seed_of(target, drafter, IDS[:1]),
                                atol=1e-5, rtol=0)
+    safetensors = pytest.importorskip("safetensors")
+    hf = export_hf(root, tmp_path / "hf")
+    with safetensors.safe_open(hf / "drafter.safetensors", "np") as written:
+        assert json.loads(written.metadata()["seed_feature_layers"]) == list(LAYERS)
+        assert "drafter.seed_fusion.fc.weight" in written.keys()
 
 
 def test_a_pair_without_fusion_seeds_from_the_hidden_state(tmp_path, pair):
