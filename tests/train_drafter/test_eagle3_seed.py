@@ -186,3 +186,19 @@ def test_bad_seed_layers_are_refused_by_field(tmp_path, pair, layers):
     assert "seed_feature_layers" in str(refused.value)
     with pytest.raises(ExportError, match="seed_feature_layers"):
         LlamaConfig(**{**json.loads(CONFIG.to_json()), "seed_feature_layers": layers})
+
+
+@pytest.mark.parametrize(("graph", "cache"), [("explicit", "appended"), ("fused", "appended"),
+                                              ("fused", "static")])
+def test_the_runtime_runs_a_fused_pair_unchanged(tmp_path, pair, graph, cache):
+    """The runtime seeds the chain from whatever output the metadata binds: every form of a
+    fused pair loads and speculates exactly greedy, its drafts counted."""
+    import speculant
+
+    target, drafter = pair
+    engine = speculant.load(write(tmp_path / "pair", target, drafter, graph=graph,
+                                  cache=cache))
+    for k in (1, 4):
+        plain = engine.generate(IDS[0], 16, stop_on_eos=False).token_ids
+        run = engine.generate(IDS[0], 16, stop_on_eos=False, speculative=True, k=k)
+        assert run.token_ids == plain and run.stats.drafts_proposed > 0
