@@ -202,3 +202,20 @@ def test_the_runtime_runs_a_fused_pair_unchanged(tmp_path, pair, graph, cache):
         plain = engine.generate(IDS[0], 16, stop_on_eos=False).token_ids
         run = engine.generate(IDS[0], 16, stop_on_eos=False, speculative=True, k=k)
         assert run.token_ids == plain and run.stats.drafts_proposed > 0
+
+
+def test_the_scheduler_drafts_a_fused_pairs_rows_together_as_greedy(tmp_path, pair):
+    """The batched pass (batched.onnx) carries the fused seed too: chained rows decoded
+    together equal each prompt's greedy output."""
+    import speculant
+
+    target, drafter = pair
+    engine = speculant.load(write(tmp_path / "pair", target, drafter, cache="static",
+                                  batch=2))
+    prompts = [IDS[0], IDS[1][:5]]
+    plain = [engine.generate(p, 12, stop_on_eos=False).token_ids for p in prompts]
+    options = [speculant.GenerationOptions(max_new_tokens=12, stop_on_eos=False,
+                                           proposer="chained", k=k) for k in (2, 4)]
+    together = engine.generate_many(prompts, options)
+    assert [g.token_ids for g in together] == plain
+    assert sum(g.stats.drafts_proposed for g in together) > 0
