@@ -106,7 +106,10 @@ class BatchedTargetPass:
     (one per block width ``W``, at ``B = rows``)."""
 
     def __init__(self, package: Package, session: ComponentSession, *, rows: int,
-                 capacity: int) -> None:
+                 capacity: int, single: ComponentSession | None = None) -> None:
+        """``single``: the target's own (batch-1) session, which runs a pass of the first
+        row alone: the same ports less ``block_lengths``, the same static-cache contract, and
+        the graph a request decoded alone runs (on the CPU the fused kernels)."""
         plan, batch = package.plan, batch_of(package)
         static = plan.static
         assert static is not None
@@ -121,7 +124,7 @@ class BatchedTargetPass:
                                  f"at most {static.capacity}", path=static.capacity_input,
                                  value=capacity, expected=f"1 <= capacity <= "
                                                           f"{static.capacity}")
-        self.session, self.seam = session, session.seam
+        self.session, self.seam, self.single = session, session.seam, single
         self.artifact, self.field = str(package.batched_artifact), field
         self.rows, self.max_capacity = rows, capacity
         target = plan.target
@@ -214,7 +217,7 @@ class BatchedTargetPass:
         plan = self._plan(rows, width)
         with self.seam.write_batch():
             for port, contract in self.inputs.items():
-                if port in self.roles:
+                if port in self.roles and port in plan.inputs:
                     plan.write(port, values[self.roles[port]].astype(
                         NUMPY_DTYPES[contract.dtype]))
         try:
@@ -243,8 +246,11 @@ class BatchedTargetPass:
         if plan is not None:
             return plan
         seam, device = self.seam, self.session.device
+        session = self.single if rows == 1 and self.single is not None else self.session
         inputs: dict[str, Value] = {}
         for port, contract in self.inputs.items():
+            if session is self.single and self.roles.get(port) == "widths":
+                continue  # the one row's block is the whole block
             if port in self.cell_of:
                 inputs[port] = seam.owned_rows(self.buffers[self.cell_of[port]], 0, rows)
             else:
@@ -259,7 +265,7 @@ class BatchedTargetPass:
             seed = self.session.ports.outputs[self.seed_port]
             outputs[self.seed_port] = seam.zeros((rows, width, seed.dims[-1]), seed.dtype,
                                                  self.session.output_residency)
-        plan = PassPlan(self.session, inputs, outputs, capture=False)
+        plan = PassPlan(session, inputs, outputs, capture=False)
         if width <= KEPT_WIDTHS:
             self.plans[rows, width] = plan
         return plan
