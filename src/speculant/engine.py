@@ -270,7 +270,8 @@ class Engine:
         session = self._make_session(f"{package.plan.target}.batched", artifact,
                                      batched_ports(package), artifact)
         target = BatchedTargetPass(package, session, capacity=static.capacity,
-                                   rows=batch.max_rows if rows is None else rows)
+                                   rows=batch.max_rows if rows is None else rows,
+                                   single=self.sessions[package.plan.target])
         return Scheduler(target, prefill_chunk=chunk)
 
     @functools.cached_property

@@ -1,11 +1,14 @@
 """The committed SmolLM2 drafter (made by speculant train-drafter) is what the pair writer expects:
 either the v1 file (identical vocabulary, no ``draft_vocab_size``) or a subset-vocabulary one
-(``draft_vocab_size`` N: its LM head is the target table's first N rows)."""
+(``draft_vocab_size`` N: its LM head is the target table's first N rows), seeded by the target's
+hidden state or by EAGLE-3's fused streams (``seed_feature_layers``: the projection's weights
+are among the drafter's)."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +22,9 @@ FOLDER = Path(__file__).parents[2] / "src" / "speculant_tools" / "builtin" / "sm
 
 def _config() -> tuple[dict, LlamaConfig]:
     settings = json.loads((FOLDER / "drafter_config.json").read_text())
-    return settings, LlamaConfig.from_hf(settings["target"]["config"])
+    layers = settings.get("seed_feature_layers")
+    config = LlamaConfig.from_hf(settings["target"]["config"])
+    return settings, replace(config, seed_feature_layers=tuple(layers) if layers else None)
 
 
 def test_npz_names_shapes_and_dtype_are_the_writers_drafter_weights():

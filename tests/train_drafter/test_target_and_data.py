@@ -259,7 +259,8 @@ def test_a_target_the_exporter_did_not_write_is_refused(tmp_path, tiny_package):
 
 @pytest.mark.parametrize(("field", "value", "flag"), [
     ("lr", 0.0, "--lr"), ("held_out_fraction", 1.0, "--held-out-fraction"),
-    ("device", "tpu", "--device"), ("max_steps", -1, "--max-steps")])
+    ("device", "tpu", "--device"), ("max_steps", -1, "--max-steps"),
+    ("features", "eagle2", "--features")])
 def test_options_out_of_range_are_refused(field, value, flag):
     with pytest.raises(TrainDrafterError) as caught:
         TrainOptions(**{field: value}).checked()

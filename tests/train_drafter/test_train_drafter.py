@@ -6,6 +6,7 @@ split keeps every request on one side."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -52,6 +53,14 @@ def trained(tmp_path_factory, tiny_package):
     return out, json.loads((out / "drafter_report.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def trained_eagle3(tmp_path_factory, tiny_package):
+    """OUT after one smoke run with EAGLE-3's fused seed: (out, the report)."""
+    out = tmp_path_factory.mktemp("train") / "eagle3"
+    train_drafter_cli(tiny_package, out, *SMOKE, "--features", "eagle3")
+    return out, json.loads((out / "drafter_report.json").read_text())
+
+
 def test_the_report_has_its_figures(trained):
     out, report = trained
     assert np.isfinite(report["validation_loss"]) and report["validation_loss"] >= 0
@@ -61,6 +70,7 @@ def test_the_report_has_its_figures(trained):
         assert report["acceptance"][k]["rounds"] > 0
         assert len(report["acceptance"][k]["acceptance_by_position"]) == int(k)
     assert report["training"]["steps"] == 2 and report["draft_vocab_size"] == DRAFT_VOCAB
+    assert report["features"] == "last" and report["seed_feature_layers"] is None
     assert report["corpus"]["held_out_requests"] > 0 and report["corpus"]["train_examples"] > 0
     assert (out / "loss_curves.png").stat().st_size > 0
 
@@ -94,10 +104,12 @@ def test_the_package_speculates_exactly_greedy(trained, k):
     assert num_drafts > 0
 
 
-def test_the_report_repeats_the_runtimes_acceptance(trained):
+@pytest.mark.parametrize("run", ["trained", "trained_eagle3"])
+def test_the_report_repeats_the_runtimes_acceptance(request, run):
     """The trainer's k = 4 figure, replayed from its greedy streams, equals what the runtime
-    measures generating the same held-out prompts with the written pair."""
-    out, report = trained
+    measures generating the same held-out prompts with the written pair (with the fused
+    seed too: the target graph's seed is the trainer's)."""
+    out, report = request.getfixturevalue(run)
     fingerprint = json.loads((out / "corpus" / "state.json").read_text())["fingerprint"]
     streams = load_corpus(out / "corpus", fingerprint).held_out[:4]
     engine = speculant.load(out / "package")
@@ -144,3 +156,38 @@ def test_the_split_keeps_each_request_on_one_side(trained):
     assert not {tuple(e["ids"][:e["prompt_len"]]) for e in corpus.train} & held_prompts
     assert all(e["ids"][-1] == EOS_ID or len(e["ids"]) - e["prompt_len"] == 12
                for e in corpus.held_out)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, "auto"])
+def test_the_eagle3_package_speculates_exactly_greedy(trained_eagle3, k):
+    out, _ = trained_eagle3
+    engine = speculant.load(out / "package")
+    num_drafts = 0
+    for prompt in ([1, 10, 20, 30, 4, 5], [1, 40, 41]):
+        plain = engine.generate(prompt, 24, stop_on_eos=False).token_ids
+        run = engine.generate(prompt, 24, stop_on_eos=False, speculative=True, k=k)
+        assert run.token_ids == plain
+        num_drafts += run.stats.drafts_proposed
+    assert num_drafts > 0
+
+
+def test_the_eagle3_run_says_what_seeded_it(trained_eagle3):
+    out, report = trained_eagle3
+    assert report["features"] == "eagle3" and report["seed_feature_layers"] == [1, 1, 2]
+    settings = json.loads((out / "drafter_config.json").read_text())
+    assert settings["seed_feature_layers"] == [1, 1, 2]
+    shipped = read_drafter(out, LlamaConfig.from_hf(settings["target"]["config"]))
+    assert shipped.seed_feature_layers == (1, 1, 2)
+    assert any(name.startswith("drafter.seed_fusion.") for name in shipped.weights)
+    config, _, drafter = read_weights(out / "package")  # the projection is in the target's graph
+    assert config.seed_feature_layers == (1, 1, 2)
+    for name, array in shipped.weights.items():
+        np.testing.assert_array_equal(array.astype(np.float32), drafter[name])
+
+
+def test_resume_refuses_another_seed(tmp_path, tiny_package, trained_eagle3):
+    out = tmp_path / "out"
+    shutil.copytree(trained_eagle3[0], out)
+    result = runner.invoke(app, ["train-drafter", str(tiny_package), str(out), *SMOKE,
+                                 "--resume"])
+    assert result.exit_code != 0 and "--features" in result.output

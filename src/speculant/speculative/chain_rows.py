@@ -26,7 +26,7 @@ from speculant.speculative.chain_graph import CARRY, NEXT, TABLE, TOKEN
 from speculant.speculative.chained import ChainedProposer, proposer_length_port
 from speculant.speculative.proposal import Proposal
 from speculant.tensors import NUMPY_DTYPES, Value
-from speculant.workflow.batched_pass import BatchedTargetPass
+from speculant.workflow.batched_pass import BatchedTargetPass, row_bucket
 from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState
 
@@ -48,13 +48,13 @@ class ChainRows:
         self.residency = session.output_residency
         positions = plan.target_inputs.get(plan.port_by_role.get("position_ids", ""))
         length_port = proposer_length_port(package)
-        self.borrowed: dict[str, Value] = {}  # port -> the batched target's buffer
+        self.borrowed: dict[str, str] = {}  # port -> the batched target's cell (its buffer)
         self.filled: dict[str, tuple[str, list[int]]] = {}  # port -> ("length" | "position", shape)
         for port, value_name in plan.proposer_inputs.items():
             if port == chain.fused_port:
                 continue
             if port in chain.borrowed:
-                self.borrowed[port] = target.buffers[chain.borrowed[port]]
+                self.borrowed[port] = chain.borrowed[port]
                 continue
             contract = session.ports.inputs[port]
             shape = [target.rows if axis == contract.batch_layout.axis else 1
@@ -87,7 +87,8 @@ class ChainRows:
         each row's carry (its prediction is the pending token, known), step ``j`` row ``b``'s
         draft ``j`` where ``j <= k_b`` — its argmax, or under sampling its draw at position
         ``C + j`` (``q_j`` kept for rejection sampling), as alone."""
-        seam, chain, num_rows = self.seam, self.chain, self.target.rows
+        seam, chain, target = self.seam, self.chain, self.target
+        num_rows = row_bucket(max(state.cells.row for state, _ in requests), target.rows)
         results: list[Proposal | SpeculantError] = []
         rows: list[tuple[int, DecodeState, int, int]] = []  # (request, state, k, row)
         tokens = np.zeros(num_rows, np.int32)  # [B] int32: each row's token this step
@@ -108,7 +109,9 @@ class ChainRows:
             seam.scatter_into_last_axis(seam.owned_rows(carries, row, 1), carry_0, 0)
         if not rows:
             return results
-        fixed = {TABLE: self.proposer.table, **self.borrowed, **self._filled(lengths)}
+        borrowed = {port: seam.owned_rows(target.buffers[cell], 0, num_rows)
+                    for port, cell in self.borrowed.items()}  # the rows' first num_rows
+        fixed = {TABLE: self.proposer.table, **borrowed, **self._filled(lengths)}
         carry = self._run(self.bootstrap, fixed, tokens, carries, [chain.carry_output]
                           )[chain.carry_output]
         drafts: dict[int, list[int]] = {i: [] for i, *_ in rows}
@@ -145,7 +148,8 @@ class ChainRows:
         for port, (what, shape) in self.filled.items():
             values = lengths if what == "length" else np.maximum(lengths - 1, 0)
             dtype = self.session.ports.inputs[port].dtype
-            host = Value.host(values.astype(NUMPY_DTYPES[dtype]).reshape(shape), dtype)
+            host = Value.host(values.astype(NUMPY_DTYPES[dtype]).reshape(
+                [len(values), *shape[1:]]), dtype)  # the run's rows on axis 0
             filled[port] = self.seam.adopt(host, self.residency)
         return filled
 

@@ -85,7 +85,7 @@ class StepBatch:
         return max(len(block.tokens) for block in self.blocks)
 
     def run(self, target: BatchedTargetPass) -> None:
-        self.num_run = row_bucket((block.cells.row for block in self.blocks), target.rows)
+        self.num_run = row_bucket(max(block.cells.row for block in self.blocks), target.rows)
         is_planned = (self.num_run, self.width) in target.plans
         started = time.perf_counter()
         self.results = target.run(self.blocks)
@@ -183,13 +183,14 @@ class Scheduler:
             if not busy:
                 return False
             # 2. The step's width W keeps every row's window [L_b, L_b + W) in its row.
+            self.target.fit(max(entry.cells.capacity for entry in busy))
             room = min(self.target.capacity - entry.state.consumed for entry in busy)
             is_prefilling = any(entry.is_prefilling for entry in busy)
             started = time.perf_counter()
             if not is_prefilling:  # k="auto" rows draft as far as the step's chosen W
                 self.widths.choose([(entry.policy, min(entry.state.capped_width(
                     entry.widest), room - 1), entry.proposer) for entry in busy], row_bucket(
-                    (entry.cells.row for entry in busy), self.target.rows))
+                    max(entry.cells.row for entry in busy), self.target.rows))
             batch, launched, widths = StepBatch(), {}, {}
             for entry in busy:
                 try:

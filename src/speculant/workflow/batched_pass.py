@@ -14,7 +14,7 @@ window), checked before each run; the scheduler keeps ``W`` within it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,19 +25,29 @@ from speculant.package.package import Package
 from speculant.package.plan import BatchPlan
 from speculant.session.plan import PassPlan
 from speculant.session.session import ComponentSession
-from speculant.tensors import NUMPY_DTYPES, Value
-from speculant.workflow.cells import RowCells
+from speculant.tensors import NUMPY_DTYPES, TensorSeam, Value
+from speculant.workflow.cells import CAPACITY_STEP, RowCells
 from speculant.workflow.state import cell_shape
 from speculant.workflow.target_pass import PassResult
 
 KEPT_WIDTHS = 16  # plans of wider blocks (prompt chunks) are made for their pass alone
 
 
-def row_bucket(busy_rows: Iterable[int], num_rows: int) -> int:
-    """The rows a pass runs: the first ``n`` of the buffers, ``n`` the power of two (at most
-    ``num_rows``) that covers the highest busy row; the rows past it are not computed."""
-    used = max(busy_rows) + 1
-    return min(num_rows, 1 << (used - 1).bit_length())
+def copy_prefix(seam: TensorSeam, old: Value, new: Value, axis: int) -> None:
+    """``old`` into the first slots of ``new`` along ``axis`` (the axes before it equal): one
+    contiguous block copy per index of the axes before ``axis``."""
+    if axis == 0:
+        seam.scatter_into_last_axis(seam.owned_rows(new, 0, old.shape[0]), old, 0)
+        return
+    for i in range(old.shape[0]):
+        copy_prefix(seam, seam.owned_rows(old, i, 1, squeeze=True),
+                    seam.owned_rows(new, i, 1, squeeze=True), axis - 1)
+
+
+def row_bucket(highest_row: int, num_rows: int) -> int:
+    """The rows a run covers: the first ``n`` of the buffers, ``n`` the power of two (at most
+    ``num_rows``) past the highest busy row; the rows after it are not computed."""
+    return min(num_rows, 1 << highest_row.bit_length())
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,10 @@ class BatchedTargetPass:
     (one per block width ``W``, at ``B = rows``)."""
 
     def __init__(self, package: Package, session: ComponentSession, *, rows: int,
-                 capacity: int) -> None:
+                 capacity: int, single: ComponentSession | None = None) -> None:
+        """``single``: the target's own (batch-1) session, which runs a pass of the first
+        row alone: the same ports less ``block_lengths``, the same static-cache contract, and
+        the graph a request decoded alone runs (on the CPU the fused kernels)."""
         plan, batch = package.plan, batch_of(package)
         static = plan.static
         assert static is not None
@@ -111,9 +124,9 @@ class BatchedTargetPass:
                                  f"at most {static.capacity}", path=static.capacity_input,
                                  value=capacity, expected=f"1 <= capacity <= "
                                                           f"{static.capacity}")
-        self.session, self.seam = session, session.seam
+        self.session, self.seam, self.single = session, session.seam, single
         self.artifact, self.field = str(package.batched_artifact), field
-        self.rows, self.capacity = rows, capacity
+        self.rows, self.max_capacity = rows, capacity
         target = plan.target
         self.roles = {plan.port_by_role.get("token_ids"): "tokens",
                       plan.port_by_role.get("position_ids"): "positions",
@@ -138,17 +151,43 @@ class BatchedTargetPass:
         # the chained drafter's seed [B, W, H] (chain_rows.py reads each row's kept row)
         self.seed_port = plan.chain.seed_output if seed is not None and isinstance(
             seed.dims[-1], int) else None
-        self.buffers = {}  # cell -> [rows, ..., capacity, ...], allocated once
+        self.shapes = {}  # cell -> (its shape at capacity 0, its sequence axis, its dtype)
         for name, cell in plan.cells.items():
-            shape = cell_shape(package, cell, capacity)
+            shape = cell_shape(package, cell, 0)
             shape[cell.contract.batch_layout.axis if cell.contract.batch_layout else 0] = rows
-            self.buffers[name] = self.seam.zeros(shape, cell.contract.dtype, session.device)
+            self.shapes[name] = (shape, cell.sequence_axis, cell.contract.dtype)
+        self.capacity = 0  # the buffers' slots per row now (fit() grows them)
+        self.buffers: dict[str, Value] = {}  # cell -> [rows, ..., capacity, ...]
         self.plans: dict[tuple[int, int], PassPlan] = {}  # (rows, W) -> plan, W <= KEPT
+        self.fit(min(CAPACITY_STEP, capacity))
+
+    def fit(self, slots: int) -> None:
+        """Buffers of at least ``slots`` positions per row (an attention pass reads every
+        slot of the buffers it is bound to, so they are kept as short as the rows need):
+        ``CAPACITY_STEP`` doubled until it covers ``slots``, at most ``max_capacity``. Growing
+        copies each row's slots into the new buffers (rare: once per doubling) and drops the
+        plans, which bound the old ones."""
+        if slots <= self.capacity:
+            return
+        capacity = CAPACITY_STEP
+        while capacity < slots:
+            capacity *= 2
+        capacity = min(capacity, self.max_capacity)
+        seam, device = self.seam, self.session.device
+        for name, (shape, axis, dtype) in self.shapes.items():
+            grown = seam.zeros([capacity if a == axis else n for a, n in enumerate(shape)],
+                               dtype, device)
+            if self.capacity:
+                copy_prefix(seam, self.buffers[name], grown, axis)
+            self.buffers[name] = grown
+        self.capacity = capacity
+        self.plans.clear()
 
     def reserve(self, num_prompt: int, max_new_tokens: int, k: int) -> RowCells:
-        """A request's row-to-be, once its bound ``P + max_new_tokens + k + 1`` fits a row
-        (a RequestError naming the numbers otherwise)."""
-        bound, capacity = num_prompt + max_new_tokens + k + 1, self.capacity
+        """A request's row-to-be, reserving its bound ``P + max_new_tokens + k + 1`` (the
+        buffers fit it when it takes a row), once that fits a row of the package's caches (a
+        RequestError naming the numbers otherwise)."""
+        bound, capacity = num_prompt + max_new_tokens + k + 1, self.max_capacity
         if bound > capacity:
             raise RequestError(
                 f"the request needs {bound} cache slots (prompt {num_prompt} + max_new_tokens "
@@ -157,13 +196,13 @@ class BatchedTargetPass:
                 expected=f"prompt + max_new_tokens + k + 1 <= {capacity}",
                 remedy=f"lower max_new_tokens to at most {max(capacity - num_prompt - k - 1, 0)}"
                        ", shorten the prompt, or lower k")
-        return RowCells(capacity)
+        return RowCells(bound)
 
     def run(self, blocks: Sequence[RowBlock]) -> list[PassResult]:
         """One pass over ``blocks`` (one per busy row; the other rows pad the batch); each
         row's :class:`PassResult`, in ``blocks``' order, its logits ``[1, W_b, V]``."""
-        width = max(len(block.tokens) for block in blocks)
-        rows = row_bucket((block.cells.row for block in blocks), self.rows)
+        width, rows = max(len(block.tokens) for block in blocks), row_bucket(
+            max(block.cells.row for block in blocks), self.rows)
         cursors = row_cursors(blocks, rows)
         over = [(b.cells.row, b.start) for b in blocks if b.start + width > self.capacity]
         if over:
@@ -178,7 +217,7 @@ class BatchedTargetPass:
         plan = self._plan(rows, width)
         with self.seam.write_batch():
             for port, contract in self.inputs.items():
-                if port in self.roles:
+                if port in self.roles and port in plan.inputs:
                     plan.write(port, values[self.roles[port]].astype(
                         NUMPY_DTYPES[contract.dtype]))
         try:
@@ -207,8 +246,11 @@ class BatchedTargetPass:
         if plan is not None:
             return plan
         seam, device = self.seam, self.session.device
+        session = self.single if rows == 1 and self.single is not None else self.session
         inputs: dict[str, Value] = {}
         for port, contract in self.inputs.items():
+            if session is self.single and self.roles.get(port) == "widths":
+                continue  # the one row's block is the whole block
             if port in self.cell_of:
                 inputs[port] = seam.owned_rows(self.buffers[self.cell_of[port]], 0, rows)
             else:
@@ -223,7 +265,7 @@ class BatchedTargetPass:
             seed = self.session.ports.outputs[self.seed_port]
             outputs[self.seed_port] = seam.zeros((rows, width, seed.dims[-1]), seed.dtype,
                                                  self.session.output_residency)
-        plan = PassPlan(self.session, inputs, outputs, capture=False)
+        plan = PassPlan(session, inputs, outputs, capture=False)
         if width <= KEPT_WIDTHS:
             self.plans[rows, width] = plan
         return plan

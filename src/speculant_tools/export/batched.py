@@ -61,7 +61,8 @@ def batchable(config: LlamaConfig) -> bool:
 def batched_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
                          name: str = "target") -> onnx.ModelProto:
     """The target of :func:`~speculant_tools.export.graphs.target_graph` (same weights, the
-    static form's inputs and outputs plus ``block_lengths``) as the batched pass of the module
+    static form's inputs and outputs (``fused_hidden_states`` included) plus
+    ``block_lengths``) as the batched pass of the module
     docstring. RMSNorm, RoPE and the projections are the node-by-node graph's; the attention
     is ONNX's ``Attention`` in the package dtype, the cache writes ``TensorScatter``."""
     if not batchable(config):
@@ -99,9 +100,10 @@ def batched_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
     if c.attn_logit_softcapping is not None:
         attrs["softcap"] = float(c.attn_logit_softcapping)
     x = g.embed(input_ids)  # [B, W, hidden]
-    presents = []
+    presents, streams = [], []  # streams[i]: the residual stream entering layer i
     for i, (past_key, past_value) in enumerate(pasts):
         prefix = f"model.layers.{i}"
+        streams.append(x)
         h = g.rms_norm(x, f"{prefix}.input_layernorm.weight")
         q, k = ((g.from_float32(g.rotate(g.to_float32(g.head_norm(
             g.heads(g.projection(h, prefix, part), heads), f"{prefix}.self_attn.{part}_norm"
@@ -116,4 +118,5 @@ def batched_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
         context = g.op("Reshape", [context, g.const("merge", [0, 0, -1], "int64")])
         x = g.layer_tail(x, g.projection(context, prefix, "o"), prefix)
     g.decoder_outputs(g.rms_norm(x, "model.norm.weight"), presents)
+    g.seed_output([*streams, x])
     return g.finish("target")

@@ -37,6 +37,14 @@ rotating with the target's RoPE, ``rope_scaling`` included)::
                                                     drafter_intermediate_size
     drafter.norm.weight                             [hidden]
 
+With ``seed_feature_layers`` (EAGLE-3's fused features, ``n`` streams; docs/design/chained.md)
+the drafter also owns the projection that makes its carry seed, which the package writer puts
+into the TARGET's graph (its ``fused_hidden_states`` output)::
+
+    drafter.seed_fusion.stream_norms.{j}.weight     [hidden]          (j < n)
+    drafter.seed_fusion.fc.weight                   [hidden, n * hidden]
+    drafter.seed_fusion.norm.weight                 [hidden]
+
 ``drafter_intermediate_size`` defaults to ``intermediate_size``; it differs only where the
 target's MLPs were widened after training (``speculant_tools.export.cost_scale``) and the drafter
 kept its own width. ``draft_vocab_size`` defaults to ``vocab_size`` (the drafter scores every
@@ -88,6 +96,9 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     drafter_intermediate_size: int | None = None  # None: intermediate_size
     draft_vocab_size: int | None = None  # None: vocab_size (the drafter's LM head rows)
+    # None: the carry seed is the final norm's output (hidden_states); (l, m, h): the residual
+    # streams entering those layers (num_hidden_layers: the last layer's output) fused
+    seed_feature_layers: tuple[int, ...] | None = None
     # -- architecture variations of the target (importers/families.py maps each family to
     # them; the defaults are Llama's, and to_json leaves a default out) --
     tie_word_embeddings: bool = True  # False: the LM head is its own lm_head.weight
@@ -129,6 +140,7 @@ class LlamaConfig:
                     not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ExportError(f"config.{field.name} must be a positive integer",
                                   path=f"config.{field.name}", value=value)
+        self._check_seed_feature_layers()
         if self.draft_vocab_size > self.vocab_size:
             raise ExportError("config.draft_vocab_size exceeds the target's vocabulary",
                               path="config.draft_vocab_size", value=self.draft_vocab_size,
@@ -149,6 +161,23 @@ class LlamaConfig:
             raise ExportError("rms_norm_eps and rope_theta must be positive",
                               value=(self.rms_norm_eps, self.rope_theta))
         self._check_variations()
+
+    def _check_seed_feature_layers(self) -> None:
+        layers = self.seed_feature_layers
+        if layers is None:
+            return
+        if isinstance(layers, list):  # from JSON
+            layers = tuple(layers)
+            object.__setattr__(self, "seed_feature_layers", layers)
+        if not (isinstance(layers, tuple) and layers and all(
+                isinstance(i, int) and not isinstance(i, bool)
+                and 0 <= i <= self.num_hidden_layers for i in layers)):
+            raise ExportError("config.seed_feature_layers must be layer indices",
+                              path="config.seed_feature_layers", value=layers,
+                              expected=f"a non-empty list of integers in [0, "
+                                       f"{self.num_hidden_layers}] (the residual stream "
+                                       f"entering that layer; {self.num_hidden_layers}: the "
+                                       "last layer's output)")
 
     def _check_variations(self) -> None:
         """The architecture variations' values: known names, finite positive numbers, one
@@ -297,6 +326,8 @@ class LlamaConfig:
             del data["drafter_intermediate_size"]  # the default: packages stay as they were
         if data["draft_vocab_size"] == self.vocab_size:
             del data["draft_vocab_size"]  # likewise
+        if data["seed_feature_layers"] is None:
+            del data["seed_feature_layers"]  # likewise
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -374,6 +405,22 @@ def drafter_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     shapes.update(_layer_shapes(config, "drafter.layer", with_kv=False,
                                 intermediate=config.drafter_intermediate_size))
     shapes["drafter.norm.weight"] = (h,)
+    shapes.update(seed_fusion_shapes(config))
+    return shapes
+
+
+SEED_FUSION = "drafter.seed_fusion."  # the drafter weights that live in the target's graph
+
+
+def seed_fusion_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the seed projection's weights (none without
+    ``seed_feature_layers``): ``norm(fc(concat(stream_norms[j](s_j))))``."""
+    layers, h = config.seed_feature_layers, config.hidden_size
+    if layers is None:
+        return {}
+    shapes = {f"{SEED_FUSION}stream_norms.{j}.weight": (h,) for j in range(len(layers))}
+    shapes[f"{SEED_FUSION}fc.weight"] = (h, len(layers) * h)
+    shapes[f"{SEED_FUSION}norm.weight"] = (h,)
     return shapes
 
 

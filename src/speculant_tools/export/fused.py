@@ -82,9 +82,10 @@ def use_fused(config: LlamaConfig, dtype: str, graph: str = "auto") -> bool:
 
 def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: str,
                        name: str = "target", *, cache: str = "appended") -> onnx.ModelProto:
-    """The target of :func:`~speculant_tools.export.graphs.target_graph` (same inputs, outputs,
-    weights and cells) with fused kernels; ``dtype`` float16 or float32 (float32 runs on the
-    CPU only: ONNX Runtime has no float32 GroupQueryAttention for CUDA)."""
+    """The target of :func:`~speculant_tools.export.graphs.target_graph` (same inputs,
+    outputs (``fused_hidden_states`` included), weights and cells) with fused kernels;
+    ``dtype`` float16 or float32 (float32 runs on the CPU only: ONNX Runtime has no float32
+    GroupQueryAttention for CUDA)."""
     if not fusable(config, dtype):
         raise ValueError(f"no fused target for {dtype} with head_dim {config.head_dim}: "
                          f"needs one of {FUSED_DTYPES} and a head_dim multiple of 16")
@@ -110,9 +111,10 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
 
     x = g.embed(input_ids)  # [b, s, hidden]
     h = g.norm(x, "model.layers.0.input_layernorm.weight")
-    presents = []
+    presents, streams = [], []  # streams[i]: the residual stream entering layer i
     for i, (past_key, past_value) in enumerate(pasts):
         prefix = f"model.layers.{i}"
+        streams.append(x)
         context, key, value = g.node(
             "GroupQueryAttention", [*_qkv(g, h, prefix), past_key, past_value, seqlens_k,
                                     total, *caches[i]], 3, "gqa", MS_DOMAIN,
@@ -133,6 +135,7 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     hidden = h  # [b, s, hidden]: the final norm's output
 
     g.decoder_outputs(hidden, presents)
+    g.seed_output([*streams, x])
     return g.finish("target")
 
 

@@ -21,7 +21,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from speculant_tools.export.config import EMBEDDING, LM_HEAD, VARIATIONS, LlamaConfig
+from speculant_tools.export.config import (
+    EMBEDDING,
+    LM_HEAD,
+    SEED_FUSION,
+    VARIATIONS,
+    LlamaConfig,
+)
 from speculant_tools.export.rope import rope_tables
 from speculant_tools.export.variations import Variations
 from speculant_tools.onnx_build import ELEMENT_TYPES, NUMPY_TYPES, GraphBuilder
@@ -41,6 +47,7 @@ CACHES = ("appended", "static")
 LENGTHS = "cache_lengths"  # static form: [b] int64, the valid length of the caches read
 CAPACITY = "capacity"  # static form: the symbol of the buffers' sequence axis
 
+FUSED_SEED = "fused_hidden_states"  # the target's fused carry seed [b, s, hidden]
 BORROWED_KEY = "shared_kv.key"
 BORROWED_VALUE = "shared_kv.value"
 # Initializer bytes above which a graph is written with external data (protobuf refuses
@@ -275,6 +282,22 @@ class _Graph(GraphBuilder, Variations):
                 else:
                     self.add_output(name, value, dtype, _cache_dims(c, total))
 
+    def seed_output(self, streams: list[str]) -> None:
+        """With ``seed_feature_layers`` (else nothing): the output ``fused_hidden_states``
+        [b, s, hidden] = ``norm(fc(concat(stream_norms[j](streams[i_j]))))`` over the layers
+        ``i_j`` it names; ``streams[i]`` is the residual stream entering layer ``i``,
+        ``streams[num_hidden_layers]`` the last layer's output (before the final norm). The
+        norms are the target's RMSNorms (``norm_weight_offset`` included)."""
+        layers = self.config.seed_feature_layers
+        if layers is None:
+            return
+        normed = [self.norm(streams[i], f"{SEED_FUSION}stream_norms.{j}.weight")
+                  for j, i in enumerate(layers)]
+        fused = self.linear(self.op("Concat", normed, "seed_streams", axis=-1),
+                            f"{SEED_FUSION}fc.weight")  # [b, s, hidden]
+        self.add_output(FUSED_SEED, self.norm(fused, f"{SEED_FUSION}norm.weight"), self.dtype,
+                        ("batch", "sequence", self.config.hidden_size))
+
     def slots(self, value: str, axis: int, hint: str) -> str:
         """``[0, extent)`` int64 for the extent of ``value`` on ``axis``: a window of one
         ``arange`` initializer sliced by the shape, so it is computed on the device that runs
@@ -327,9 +350,11 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
 
     Query ``q`` of the pass (absolute position ``past + q``) sees keys ``<= past + q`` whose
     attention-mask entry is 1 (static: every key slot ``<= P + q``, ``P`` = ``cache_lengths``).
-    ``hidden_states`` is the output of the final norm. ``taps`` (for a graph extended after:
-    importers/speculators) receives the value names ``layer_inputs`` (the residual stream
-    entering each layer, [b, s, hidden]; 0: the embeddings) and ``query_pos`` ([s] int64).
+    ``hidden_states`` is the output of the final norm; with ``config.seed_feature_layers``
+    ``fused_hidden_states`` follows (:meth:`_Graph.seed_output`). ``taps`` (for a graph
+    extended after: importers/speculators) receives the value names ``layer_inputs`` (the
+    residual stream entering each layer, [b, s, hidden]; 0: the embeddings) and
+    ``query_pos`` ([s] int64).
     """
     c = config
     g = _Graph(name, c, dtype, cache=cache)
@@ -376,6 +401,7 @@ def target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], dtype: 
         taps.update(layer_inputs=layer_inputs, query_pos=query_pos)
 
     g.decoder_outputs(hidden, presents)
+    g.seed_output([*layer_inputs, x])
     return g.finish("target")
 
 

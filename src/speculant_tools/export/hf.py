@@ -3,7 +3,9 @@
     export_hf(package_root, out_dir)
     # out_dir/config.json          LlamaForCausalLM (tied embeddings)
     # out_dir/model.safetensors    the target's weights under their HF names
-    # out_dir/drafter.safetensors  the chained drafter's ``drafter.*`` weights (pairs only)
+    # out_dir/drafter.safetensors  the chained drafter's ``drafter.*`` weights (pairs only;
+    #                              EAGLE-3's seed projection among them, its streams in the
+    #                              file's ``seed_feature_layers`` metadata)
     # out_dir/tokenizer.json       the package's tokenizer
 """
 
@@ -34,9 +36,12 @@ def export_hf(package_root: str | Path, out_dir: str | Path) -> Path:
     (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     save_file(target, str(out / "model.safetensors"), metadata={"format": "pt"})
     if drafter is not None:
+        layers = config.seed_feature_layers
         save_file(drafter, str(out / "drafter.safetensors"),
                   metadata={"format": "pt", "scale": repr(settings.scale),
-                            "max_proposal_width": str(settings.max_proposal_width)})
+                            "max_proposal_width": str(settings.max_proposal_width),
+                            **({"seed_feature_layers": json.dumps(list(layers))}
+                               if layers is not None else {})})
     if settings.tokenizer.is_file():
         shutil.copyfile(settings.tokenizer, out / "tokenizer.json")
     return out

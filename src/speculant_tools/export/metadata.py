@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from speculant_tools.export.config import EMBEDDING, LlamaConfig
-from speculant_tools.export.graphs import BORROWED_KEY, BORROWED_VALUE, CAPACITY, LENGTHS
+from speculant_tools.export.graphs import (
+    BORROWED_KEY,
+    BORROWED_VALUE,
+    CAPACITY,
+    FUSED_SEED,
+    LENGTHS,
+)
 from speculant_tools.writing import CAPABILITIES, contract, opaque_input
 
 GROUP = "attention"
@@ -212,7 +218,21 @@ def pair_metadata(config: LlamaConfig, dtype: str, tokenizer: TokenizerFacts, *,
         proposer_vocab_size=c.draft_vocab_size if c.has_subset_vocabulary else None,
         max_proposal_width=max_proposal_width, rollback_state=list(_cells(c, dtype)),
         scale=float(scale))
+    if c.seed_feature_layers is not None:
+        _fused_seed(document, c, dtype)
     return document
+
+
+def _fused_seed(document: dict[str, Any], c: LlamaConfig, dtype: str) -> None:
+    """The target declares and returns ``fused_hidden_states`` [b, s, hidden] (its graph's
+    :meth:`~speculant_tools.export.graphs._Graph.seed_output`), and the chain seeds its
+    carry from it instead of ``hidden_states``: one tensor of the hidden width, as before."""
+    workflow = document["pipeline"]["workflow"]
+    ports = workflow["components"]["target"]["ports"]
+    ports["outputs"][FUSED_SEED] = contract(dtype, ["batch", "sequence", c.hidden_size])
+    workflow["steps"][0]["outputs"][FUSED_SEED] = f"target.{FUSED_SEED}"
+    execution = document["speculative"]["proposal_execution"]
+    execution["folded_carry_seed"]["output"] = FUSED_SEED
 
 
 def chained_section(*, proposer_vocab_size: int | None, max_proposal_width: int,

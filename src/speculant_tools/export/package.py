@@ -43,6 +43,7 @@ from speculant_tools.export.config import (
     check_dtype,
     checked_weights,
     drafter_shapes,
+    seed_fusion_shapes,
     target_shapes,
 )
 from speculant_tools.export.fused import fused_target_graph, use_fused
@@ -97,12 +98,16 @@ def write_pair_package(root: str | Path, target_weights: Mapping[str, Any], targ
     (``appended`` or ``static``; the drafter's borrowed caches follow); ``batch`` (static
     only): also write ``target/batched.onnx``, the batched pass of up to ``batch`` rows,
     beside which ``assistant/model.onnx`` steps ``B`` rows as it is (docs/design/batching.md).
+    A config with ``seed_feature_layers`` (EAGLE-3's fused seed, docs/design/chained.md): the
+    drafter weights include the seed projection, which goes into the target's graphs (every
+    form above) as their ``fused_hidden_states`` output, the chain's ``folded_carry_seed``.
     """
     config = LlamaConfig.from_hf(target_config)
     dtype, cache = check_dtype(dtype), check_cache(cache)
     check_batch(batch, cache, config)
     target = checked_weights(target_weights, target_shapes(config), dtype, "target weights")
     drafter = checked_weights(drafter_weights, drafter_shapes(config), dtype, "drafter weights")
+    target.update({name: drafter.pop(name) for name in seed_fusion_shapes(config)})
     scale = math.sqrt(config.hidden_size) if scale is None else float(scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ExportError("scale must be a finite number > 0", path="scale", value=scale)
@@ -136,8 +141,9 @@ def write_decoder_package(root: str | Path, weights: Mapping[str, Any], config: 
                           cache: str = "appended", batch: int | None = None) -> Path:
     """A plain greedy decoder package (the standard's example; component ``decoder``) for a
     ``LlamaForCausalLM``: the separate draft model. ``cache``: ``appended`` or ``static``;
-    ``batch``: as :func:`write_pair_package`'s (``decoder/batched.onnx``)."""
-    config = LlamaConfig.from_hf(config)
+    ``batch``: as :func:`write_pair_package`'s (``decoder/batched.onnx``). A decoder seeds
+    no drafter: a config's ``seed_feature_layers`` is dropped."""
+    config = replace(LlamaConfig.from_hf(config), seed_feature_layers=None)
     dtype, cache = check_dtype(dtype), check_cache(cache)
     check_batch(batch, cache, config)
     arrays = checked_weights(weights, target_shapes(config), dtype, "decoder weights")
@@ -375,11 +381,11 @@ def read_weights(package_root: str | Path, *, skip_int4_drafter: bool = False
     its LM head's rows) are read from its own graph, so a drafter retrained at another width
     and put beside an unchanged target reads back as written."""
     settings = read_settings(package_root)
-    config, tensors, _ = _initializers(settings.target_artifact)
+    config, target_tensors, _ = _initializers(settings.target_artifact)
     if config is None:
         raise ExportError(f"the model has no {CONFIG_KEY} metadata (not written by "
                           "speculant_tools.export)", file=str(settings.target_artifact))
-    target = _arrays(tensors, list(target_shapes(config)), settings.target_artifact)
+    target = _arrays(target_tensors, list(target_shapes(config)), settings.target_artifact)
     if settings.assistant_artifact is None:
         return config, target, None
     own, tensors, is_int4 = _initializers(settings.assistant_artifact)
@@ -393,12 +399,14 @@ def read_weights(package_root: str | Path, *, skip_int4_drafter: bool = False
                           "weights are not in the package", file=str(settings.assistant_artifact),
                           remedy="convert or scale the float package, then quantize the "
                                  "result's drafter (--quantize-drafter int4)")
-    names = list(drafter_shapes(config))
+    fusion = list(seed_fusion_shapes(config))  # the drafter's, in the target's graph
+    names = [name for name in drafter_shapes(config) if name not in fusion]
     drafter = _arrays(tensors, [EMBEDDING, *names], settings.assistant_artifact)
     if not np.array_equal(drafter.pop(EMBEDDING), target[EMBEDDING][:config.draft_vocab_size]):
         raise ExportError(f"the drafter's {EMBEDDING} (its tied LM head) differs from the "
                           f"target's first {config.draft_vocab_size} rows",
                           file=str(settings.assistant_artifact))
+    drafter.update(_arrays(target_tensors, fusion, settings.target_artifact))
     return config, target, drafter
 
 

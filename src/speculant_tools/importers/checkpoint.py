@@ -57,6 +57,9 @@ class Drafter:
     max_proposal_width: int = 8
     intermediate_size: int | None = None  # None: the target's
     vocab_size: int | None = None  # None: the target's; N: its LM head is the table's first N
+    # None: seeded by the target's final hidden state; layers: EAGLE-3's fused seed, whose
+    # projection (``drafter.seed_fusion.*`` in ``weights``) goes into the target's graph
+    seed_feature_layers: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -100,7 +103,8 @@ def write_checkpoint(checkpoint: Checkpoint, out: str | Path, *, dtype: str = "f
         else:
             config = replace(checkpoint.config,
                              drafter_intermediate_size=drafter.intermediate_size,
-                             draft_vocab_size=drafter.vocab_size)
+                             draft_vocab_size=drafter.vocab_size,
+                             seed_feature_layers=drafter.seed_feature_layers)
             write_pair_package(out, checkpoint.weights, config, drafter.weights, tokenizer,
                                dtype=dtype, scale=drafter.scale,
                                max_proposal_width=drafter.max_proposal_width,
@@ -137,7 +141,9 @@ def read_drafter(folder: Path, config: LlamaConfig) -> Drafter | None:
     """The drafter in ``folder`` (``drafter.npz`` + ``drafter_config.json``), or None where
     neither file exists. ``drafter_config.json`` keys read: ``scale``,
     ``max_proposal_width``, ``drafter_intermediate_size``, ``draft_vocab_size`` (absent: the
-    target's whole vocabulary; N: a subset, the first N ids) (others are the trainer's
+    target's whole vocabulary; N: a subset, the first N ids), ``seed_feature_layers``
+    (absent: the seed is the target's final hidden state; a list: EAGLE-3's fused seed over
+    those residual streams, its projection among the weights) (others are the trainer's
     notes)."""
     weights_file, config_file = folder / "drafter.npz", folder / "drafter_config.json"
     if not weights_file.exists() and not config_file.exists():
@@ -164,10 +170,20 @@ def read_drafter(folder: Path, config: LlamaConfig) -> Drafter | None:
                             value=vocab_size, expected=f"1 <= N <= {config.vocab_size}",
                             remedy="write the number of leading target ids the drafter "
                                    "scores, or leave the key out for all of them")
+    layers = settings.get("seed_feature_layers")
+    if layers is not None and not (isinstance(layers, list) and layers and all(
+            isinstance(i, int) and not isinstance(i, bool)
+            and 0 <= i <= config.num_hidden_layers for i in layers)):
+        raise ImporterError("seed_feature_layers must be a list of layer indices",
+                            file=str(config_file), path="seed_feature_layers", value=layers,
+                            expected=f"integers in [0, {config.num_hidden_layers}]",
+                            remedy="write the residual streams the seed fuses (the trainer's "
+                                   "drafter_config.json), or leave the key out")
     return Drafter(weights=weights, scale=scale,
                    max_proposal_width=int(settings.get("max_proposal_width", 8)),
                    intermediate_size=settings.get("drafter_intermediate_size")
-                   or config.intermediate_size, vocab_size=vocab_size)
+                   or config.intermediate_size, vocab_size=vocab_size,
+                   seed_feature_layers=tuple(layers) if layers is not None else None)
 
 
 def tokenizer_config(chat_template: str | None, bos: str | None, eos: str | None,

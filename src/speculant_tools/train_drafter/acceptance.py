@@ -5,13 +5,14 @@
 
 A stream is ``{"ids": prompt + the target's greedy answer, "prompt_len"}``, the answer ending
 at a stop token or after ``max_new_tokens``. For every chain context ``c`` the drafter drafts
-``k_max`` tokens exactly as a round does (``docs/design/chained.md``: seed ``x[c]`` with the
-target's ``h[c]``, then the pending token ``x[c+1]``, then its own argmax drafts over the
-first ``N`` ids, every step at position ``c`` reading the target's keys of ``0..c``); the
-number of leading drafts equal to ``x[c+2..]`` is what the target accepts there. The round
-loop is then replayed per stream: the prefill commits the pending token, each round proposes
-``k_r = min(k, remaining - 1)`` drafts and commits ``a_r = 1 + accepted`` tokens. A draft id
->= N never equals the stream, so it is never accepted.
+``k_max`` tokens exactly as a round does (``docs/design/chained.md``: ``x[c]`` with the
+seed ``h[c]`` (``ChainedDrafter.seed``), then the pending token ``x[c+1]``, then its own
+argmax drafts over the first ``N`` ids, every step at position ``c`` reading the target's
+keys of ``0..c``); the number of leading drafts equal to ``x[c+2..]`` is what the target
+accepts there. The round loop is then replayed per stream: the prefill commits the pending
+token, each round proposes ``k_r = min(k, remaining - 1)`` drafts and commits
+``a_r = 1 + accepted`` tokens. A draft id >= N never equals the stream, so it is never
+accepted.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ def chain_drafts(target: TorchLlama, drafter: ChainedDrafter, ids: torch.Tensor,
                  head_rows: int) -> torch.Tensor:
     """Drafts [B, T - 1, k]: row ``c`` is the proposal of a round whose chain context is
     ``c`` and whose pending token is ``ids[:, c + 1]``."""
-    state = target.features(ids)
+    state = target.features(ids, drafter.stream_layers)
     contexts = ids.shape[1] - 1
     cos, sin = rope_tables(torch.arange(contexts, device=ids.device), target.config.head_dim,
                            target.config.rope_theta)
     keys, values = state.keys[:, :, :contexts], state.values[:, :, :contexts]
-    carry, token, drafts = state.hidden[:, :contexts], ids[:, :contexts], []
+    carry, token, drafts = drafter.seed(state)[:, :contexts], ids[:, :contexts], []
     for j in range(k + 1):
         carry = drafter.step(target.embed, token, carry, cos, sin, keys, values)
         if j == 0:

@@ -60,6 +60,11 @@ def train_drafter_command(
     drafter_intermediate_size: Annotated[int, typer.Option(help="The drafter's MLP width "
                                                                 "(0: the target's).")]
     = DEFAULTS.drafter_intermediate_size,
+    features: Annotated[str, typer.Option(help="The drafter's carry seed: last (the target's "
+                                               "final hidden state) or eagle3 (its low, middle "
+                                               "and high layers fused; the projection goes "
+                                               "into the target's graph).")]
+    = DEFAULTS.features,
     unroll: Annotated[int, typer.Option(help="Chained steps trained: the bootstrap and "
                                              "unroll - 1 drafts.")] = DEFAULTS.unroll,
     teacher_forcing_weight: Annotated[float, typer.Option(help="Weight of the teacher-forced "
@@ -92,7 +97,8 @@ def train_drafter_command(
         sampled_passes=sampled_passes, generation_batch=generation_batch,
         data_share=data_share, num_eval=num_eval, eval_tokens=eval_tokens,
         draft_vocab_size=draft_vocab_size, drafter_intermediate_size=drafter_intermediate_size,
-        unroll=unroll, teacher_forcing_weight=teacher_forcing_weight, batch_size=batch_size,
+        features=features, unroll=unroll, teacher_forcing_weight=teacher_forcing_weight,
+        batch_size=batch_size,
         lr=lr, max_steps=max_steps, validate_every=validate_every,
         reserve_seconds=reserve_seconds, write_package=write_package)
     try:

@@ -13,8 +13,14 @@ values of positions ``0..c``)::
     scores = carry' @ E[:N]^T                                 # the target's table, first N rows
 
 ``E`` is the target's (tied) embedding table, ``scale`` is ``sqrt(H)`` and ``carry_0`` is the
-target's hidden state after its final norm at ``c`` (the ``folded_carry_seed``). The
-drafter owns no keys, values or table: only the weights below.
+``folded_carry_seed`` at ``c``: with ``features="last"`` the target's hidden state after its
+final norm; with ``features="eagle3"`` (:class:`SeedFusion`, EAGLE-3's fused features)
+
+    carry_0 = norm_s(fc(concat(n_0(s_low), n_1(s_mid), n_2(s_high))))   # Linear(3H -> H)
+
+over the target's residual streams at ``c`` (:func:`eagle3_layers`), a projection trained
+with the drafter and exported into the TARGET's graph (``fused_hidden_states``). The drafter
+owns no keys, values or table: only the weights below.
 """
 
 from __future__ import annotations
@@ -27,17 +33,84 @@ import torch.nn.functional as F
 from torch import nn
 
 from speculant_tools.export import LlamaConfig, drafter_shapes
-from speculant_tools.train_drafter.llama import TorchLlama, apply_rope, repeat_kv, rms_norm
+from speculant_tools.export.config import SEED_FUSION
+from speculant_tools.train_drafter.llama import (
+    Features,
+    TorchLlama,
+    apply_rope,
+    repeat_kv,
+    rms_norm,
+)
+
+
+def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
+    """The residual streams EAGLE-3's seed fuses, for a target of ``num_layers`` layers: low
+    and middle as EAGLE-3 takes them (entering layer 2 and layer ``L // 2``; fewer layers:
+    ``L // 2`` for both), and high the last layer's output (``L``) where EAGLE-3 takes the
+    stream entering layer ``L - 3``: EAGLE-3 trains its head from scratch, while this drafter
+    starts as the target's last layer on the final hidden state, which the high slot then
+    reproduces exactly (:meth:`SeedFusion.init_from_target`). SmolLM2-135M: (2, 15, 30)."""
+    return (min(2, num_layers // 2), num_layers // 2, num_layers)
+
+
+def seed_layers(features: str, num_layers: int) -> tuple[int, ...] | None:
+    """``seed_feature_layers`` for ``--features``: None for ``last``."""
+    return eagle3_layers(num_layers) if features == "eagle3" else None
+
+
+class SeedFusion(nn.Module):
+    """EAGLE-3's fused seed: ``norm(fc(concat(stream_norms[j](s_j))))`` over the target's
+    residual streams ``layers`` (each ``[.., H]``), the function the exported target's
+    ``fused_hidden_states`` output computes (``_Graph.seed_output``)."""
+
+    def __init__(self, config: LlamaConfig, layers: tuple[int, ...]) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.layers, self.eps = tuple(layers), config.rms_norm_eps
+        self.stream_norms = nn.ParameterList(nn.Parameter(torch.ones(h)) for _ in layers)
+        self.fc = nn.Linear(len(layers) * h, h, bias=False)
+        self.norm = nn.Parameter(torch.ones(h))
+
+    def forward(self, streams: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """``streams`` [.., H] each, in ``layers`` order -> the seed [.., H]."""
+        normed = [rms_norm(s, w, self.eps) for s, w in zip(streams, self.stream_norms,
+                                                            strict=True)]
+        fused = self.fc(torch.cat(normed, dim=-1).to(self.fc.weight.dtype))
+        return rms_norm(fused, self.norm, self.eps)
+
+    @torch.no_grad()
+    def init_from_target(self, target: TorchLlama) -> None:
+        """``fc`` = the identity on the highest stream, 0 on the others; the outer norm the
+        target's final norm: with the last layer's output as the highest stream the seed is
+        the target's hidden state after its final norm (up to the norm's ``eps``, applied
+        twice), so training starts from the ``last`` drafter's seed."""
+        h = self.norm.shape[0]
+        high = max(range(len(self.layers)), key=self.layers.__getitem__)
+        weight = torch.zeros(h, len(self.layers) * h)
+        weight[:, high * h:(high + 1) * h] = torch.eye(h)
+        self.fc.weight.copy_(weight.to(self.fc.weight.device))
+        for norm in self.stream_norms:
+            norm.fill_(1.0)
+        self.norm.copy_(target.norm)
+
+    def named(self) -> dict[str, torch.Tensor]:
+        named = {f"{SEED_FUSION}stream_norms.{j}.weight": w
+                 for j, w in enumerate(self.stream_norms)}
+        return {**named, f"{SEED_FUSION}fc.weight": self.fc.weight,
+                f"{SEED_FUSION}norm.weight": self.norm}
 
 
 class ChainedDrafter(nn.Module):
-    """The drafter's weights, named as ``drafter_shapes`` names them minus ``drafter.``."""
+    """The drafter's weights, named as ``drafter_shapes`` names them minus ``drafter.``;
+    ``seed_feature_layers`` (None: the ``last`` seed) adds the :class:`SeedFusion`."""
 
-    def __init__(self, config: LlamaConfig, intermediate_size: int) -> None:
+    def __init__(self, config: LlamaConfig, intermediate_size: int,
+                 seed_feature_layers: tuple[int, ...] | None = None) -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         q = config.num_attention_heads * d
         self.config = config
+        self.fusion = SeedFusion(config, seed_feature_layers) if seed_feature_layers else None
         self.scale = math.sqrt(h)
         self.in_proj = nn.Linear(2 * h, h, bias=False)
         self.input_layernorm = nn.Parameter(torch.ones(h))
@@ -51,6 +124,20 @@ class ChainedDrafter(nn.Module):
     @property
     def intermediate_size(self) -> int:
         return self.up_proj.weight.shape[0]
+
+    @property
+    def seed_feature_layers(self) -> tuple[int, ...] | None:
+        return self.fusion.layers if self.fusion is not None else None
+
+    @property
+    def stream_layers(self) -> tuple[int, ...]:
+        """The residual streams :meth:`seed` needs from ``TorchLlama.features``."""
+        return self.fusion.layers if self.fusion is not None else ()
+
+    def seed(self, state: Features) -> torch.Tensor:
+        """The carry seed [B, T, H] at every position: the target's final hidden state, or
+        the fused streams (``state`` from ``features(ids, streams=self.stream_layers)``)."""
+        return state.hidden if self.fusion is None else self.fusion(state.streams)
 
     @torch.no_grad()
     def init_from_target(self, target: TorchLlama, generator: torch.Generator,
@@ -72,6 +159,8 @@ class ChainedDrafter(nn.Module):
         weight[:, :h] = torch.randn(h, h, generator=generator) * noise
         weight[:, h:] = torch.eye(h)
         self.in_proj.weight.copy_(weight.to(self.in_proj.weight.device))
+        if self.fusion is not None:
+            self.fusion.init_from_target(target)
 
     def step(self, embed: torch.Tensor, tokens: torch.Tensor, carry: torch.Tensor,
              cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
@@ -99,10 +188,12 @@ class ChainedDrafter(nn.Module):
 
     # -- the export names ------------------------------------------------------------------
     def export_config(self) -> LlamaConfig:
-        """The target's config with this drafter's MLP width (what ``drafter_shapes`` reads)."""
+        """The target's config with this drafter's MLP width and seed (what
+        ``drafter_shapes`` reads)."""
         from dataclasses import replace
 
-        return replace(self.config, drafter_intermediate_size=self.intermediate_size)
+        return replace(self.config, drafter_intermediate_size=self.intermediate_size,
+                       seed_feature_layers=self.seed_feature_layers)
 
     def _named(self) -> dict[str, torch.Tensor]:
         return {
@@ -115,6 +206,7 @@ class ChainedDrafter(nn.Module):
             "drafter.layer.mlp.up_proj.weight": self.up_proj.weight,
             "drafter.layer.mlp.down_proj.weight": self.down_proj.weight,
             "drafter.norm.weight": self.norm,
+            **(self.fusion.named() if self.fusion is not None else {}),
         }
 
     def export_arrays(self, dtype: type = np.float32) -> dict[str, np.ndarray]:

@@ -4,7 +4,9 @@ loss plot.
 * ``drafter.npz`` (float16, keys exactly ``speculant_tools.export.drafter_shapes``, the shared
   table not included) and ``drafter_config.json`` (the keys
   ``speculant_tools.importers.read_drafter`` reads: ``scale``, ``max_proposal_width``,
-  ``drafter_intermediate_size``, ``draft_vocab_size``; then the trainer's notes): the two files
+  ``drafter_intermediate_size``, ``draft_vocab_size``, ``seed_feature_layers`` (``--features
+  eagle3``: its projection ``drafter.seed_fusion.*`` is among the weights); then the trainer's
+  notes): the two files
   ``src/speculant_tools/builtin/smollm2/`` holds.
 * ``package/``: the target and that drafter written by ``write_checkpoint`` (float32, the
   static caches ``speculant import`` writes), which ``speculant generate OUT/package
@@ -30,8 +32,11 @@ MAX_PROPOSAL_WIDTH = 8
 
 
 def drafter_files(out: Path, arrays: dict[str, np.ndarray], source: TargetSource,
-                  head_rows: int, notes: dict) -> dict[str, np.ndarray]:
-    """Write ``drafter.npz`` and ``drafter_config.json``; returns the float16 arrays."""
+                  head_rows: int, notes: dict,
+                  seed_feature_layers: tuple[int, ...] | None = None
+                  ) -> dict[str, np.ndarray]:
+    """Write ``drafter.npz`` and ``drafter_config.json``; returns the float16 arrays.
+    ``seed_feature_layers``: EAGLE-3's fused seed (its projection is in ``arrays``)."""
     half = {}
     for name, array in arrays.items():
         with np.errstate(over="ignore"):
@@ -48,11 +53,16 @@ def drafter_files(out: Path, arrays: dict[str, np.ndarray], source: TargetSource
         "max_proposal_width": MAX_PROPOSAL_WIDTH,
         "drafter_intermediate_size": int(half["drafter.layer.mlp.up_proj.weight"].shape[0]),
         **({"draft_vocab_size": head_rows} if head_rows < config.vocab_size else {}),
+        **({"seed_feature_layers": list(seed_feature_layers)} if seed_feature_layers else {}),
         "target": {"source": source.name, "config": json.loads(config.to_json())},
         "architecture": {
             "inputs_embeds": "concat(E[token] * scale, carry)",
             "borrowed_cache": f"the target's last layer ({config.num_hidden_layers - 1})",
-            "carry_seed": "the target's hidden state after its final norm",
+            "carry_seed": "the target's hidden state after its final norm"
+            if not seed_feature_layers else
+            f"EAGLE-3's fused seed: norm(fc(concat(the residual streams entering layers "
+            f"{list(seed_feature_layers)}, each normed))) ({config.num_hidden_layers}: the "
+            "last layer's output), in the target's graph (fused_hidden_states)",
             "lm_head": f"the target's tied table, its first {head_rows} rows (not stored)",
         },
         "weights": {k: list(v.shape) for k, v in half.items()},
@@ -63,8 +73,9 @@ def drafter_files(out: Path, arrays: dict[str, np.ndarray], source: TargetSource
 
 
 def write_pair(folder: Path, source: TargetSource, half: dict[str, np.ndarray],
-               head_rows: int) -> Path:
-    """The pair package in ``folder`` (replaced where it exists)."""
+               head_rows: int, seed_feature_layers: tuple[int, ...] | None = None) -> Path:
+    """The pair package in ``folder`` (replaced where it exists); with
+    ``seed_feature_layers`` the seed projection goes into the target's graph."""
     if folder.exists():
         shutil.rmtree(folder)
     checkpoint = Checkpoint(config=source.config, weights=source.weights,
@@ -75,7 +86,8 @@ def write_pair(folder: Path, source: TargetSource, half: dict[str, np.ndarray],
                       scale=math.sqrt(source.config.hidden_size),
                       max_proposal_width=MAX_PROPOSAL_WIDTH,
                       intermediate_size=int(half["drafter.layer.mlp.up_proj.weight"].shape[0]),
-                      vocab_size=head_rows if head_rows < source.config.vocab_size else None)
+                      vocab_size=head_rows if head_rows < source.config.vocab_size else None,
+                      seed_feature_layers=seed_feature_layers)
     return write_checkpoint(checkpoint, folder, dtype="float32", drafter=drafter,
                             cache="static")
 

@@ -2,6 +2,7 @@
 
     target = TorchLlama(config, weights).to(device)       # frozen, float32 (or .to(bfloat16))
     state = target.features(ids)      # h [B, T, H] after the final norm; k, v: last layer's
+    state = target.features(ids, streams=(2, 15, 30))   # and those residual streams
     logits = state.hidden @ target.embed.t()
 
 Conventions, the same as the exported ONNX graphs (``speculant_tools.export.graphs``) and
@@ -15,7 +16,10 @@ Hugging Face's ``LlamaForCausalLM``:
 * Tied embeddings: the LM head is ``model.embed_tokens.weight``.
 
 The last layer's keys (after RoPE) and values are what the chained drafter borrows
-(``docs/design/chained.md``); the hidden state after the final norm is its carry seed.
+(``docs/design/chained.md``); the hidden state after the final norm is its carry seed, or,
+with EAGLE-3's fused seed, the residual streams ``features(ids, streams=...)`` returns are
+(residual stream ``i``: the one entering layer ``i``; ``num_hidden_layers``: the last layer's
+output, before the final norm: the exported graphs' ``seed_output`` numbering).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class Features:
     hidden: torch.Tensor  # [B, T, H] after the final norm: the carry seed at every position
     keys: torch.Tensor  # [B, kv_heads, T, head_dim] the last layer's keys, after RoPE
     values: torch.Tensor  # [B, kv_heads, T, head_dim] the last layer's values
+    streams: tuple[torch.Tensor, ...] = ()  # each [B, T, H]: the residual streams asked for
 
 
 class LlamaLayer(nn.Module):
@@ -152,17 +157,23 @@ class TorchLlama(nn.Module):
         x = x + layer.o_proj(o.transpose(1, 2).reshape(batch, length, -1))
         return layer.mlp(x, self.eps)
 
-    def features(self, ids: torch.Tensor) -> Features:
+    def features(self, ids: torch.Tensor, streams: tuple[int, ...] = ()) -> Features:
         """One causal pass over ``ids`` [B, T] long at positions ``0..T-1`` (right padding
-        changes nothing before it)."""
+        changes nothing before it); ``streams``: the residual streams to keep (indices in
+        ``[0, num_hidden_layers]``, see the module docstring)."""
         positions = torch.arange(ids.shape[1], device=ids.device)
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
         x = F.embedding(ids, self.embed)
         k = v = x  # bound by the first layer
-        for layer in self.layers:
+        kept = {}
+        for i, layer in enumerate(self.layers):
+            if i in streams:
+                kept[i] = x
             q, k, v = self.project(layer, x, cos, sin)
             x = self.attend(layer, x, q, k, v, None, is_causal=True)
-        return Features(rms_norm(x, self.norm, self.eps), k, v)
+        kept[len(self.layers)] = x
+        return Features(rms_norm(x, self.norm, self.eps), k, v,
+                        tuple(kept[i] for i in streams))
 
     def logits(self, hidden: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """[..., H] -> [..., rows] scores over the first ``rows`` ids (all by default)."""

@@ -6,16 +6,18 @@ right-padded in a batch ``ids [B, T]``. Every answer-side position ``c`` (``c >=
 prompt_len - 1``) is a chain context, all of them at once, as the runtime drives a round from
 ``c`` (``docs/design/chained.md``):
 
-    step 0 (bootstrap):  token x[c],   carry = the target's hidden h[c]   -> p(. | x[..c])
+    step 0 (bootstrap):  token x[c],   carry = the seed h[c]              -> p(. | x[..c])
     step j = 1..U-1:     token x[c+j], carry = the drafter's step j-1     -> p(. | x[..c+j])
 
 each step at position id ``c`` reading the target's last-layer keys and values of ``0..c``;
-gradients flow through the carries (training-time test: the drafter learns on the carries it
+the seed ``h[c]`` is ``ChainedDrafter.seed``: the target's hidden state after its final norm,
+or EAGLE-3's fused streams, whose projection trains jointly (gradients reach it through every
+step); gradients flow through the carries (training-time test: the drafter learns on the carries it
 will itself produce, never on the target's). On a greedy answer ``x[c+1..]`` are the pending
 token and exactly the drafts a round accepts, so feeding them is the runtime's input wherever
 a draft can still count; a step after a wrong draft never counts, whatever it is fed.
 
-The teacher-forced step: token ``x[c+1]`` with the target's own ``h[c]`` as the carry ->
+The teacher-forced step: token ``x[c+1]`` with the seed ``h[c]`` as the carry ->
 ``p(. | x[..c+1])``: the first draft's step given the carry a perfect bootstrap would make.
 
 Loss per step: KL(p_N || q) with ``p_N`` the target's distribution over the first ``N`` ids
@@ -95,7 +97,7 @@ def chained_loss(target: TorchLlama, drafter: ChainedDrafter, batch: Batch,
     rows_n, length = ids.shape
     embed, n = target.embed, objective.head_rows
     with torch.no_grad():
-        state = target.features(ids)
+        state = target.features(ids, drafter.stream_layers)
         position = torch.arange(length, device=ids.device)[None]
         is_context = position >= batch.prompt_lens[:, None] - 1  # [B, T]
         is_teacher = is_context & (position <= batch.lens[:, None] - 2)  # next token known
@@ -116,7 +118,8 @@ def chained_loss(target: TorchLlama, drafter: ChainedDrafter, batch: Batch,
         return kl, float(agree)
 
     terms, used, step_kl, step_agree = [], [], [], []
-    carry = state.hidden
+    seed = drafter.seed(state)  # [B, T, H]; with the fused seed: trained
+    carry = seed
     for j, weight in enumerate(objective.step_weights()):
         carry = drafter.step(embed, shifted(ids, j), carry, cos, sin, state.keys, state.values)
         found = kl_at(carry, j)
@@ -128,7 +131,7 @@ def chained_loss(target: TorchLlama, drafter: ChainedDrafter, batch: Batch,
         step_agree.append(found[1])
     teacher_forced_kl = None
     if objective.teacher_forcing_weight > 0:
-        forced = drafter.step(embed, shifted(ids, 1), state.hidden, cos, sin, state.keys,
+        forced = drafter.step(embed, shifted(ids, 1), seed, cos, sin, state.keys,
                               state.values)
         found = kl_at(forced, 1)
         if found is not None:

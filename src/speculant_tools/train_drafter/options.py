@@ -13,6 +13,9 @@ from dataclasses import dataclass, fields
 from speculant_tools.train_drafter.errors import TrainDrafterError
 
 DEVICES = ("cpu", "cuda")
+# What seeds the drafter's carry: the target's final hidden state, or EAGLE-3's fused low,
+# middle and high residual streams (train_drafter.drafter.eagle3_layers)
+FEATURES = ("last", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class TrainOptions:
     # -- the drafter and its training -----------------------------------------------------
     draft_vocab_size: int = 12288  # the drafter scores ids < N (0 or >= vocab: all of them)
     drafter_intermediate_size: int = 0  # the drafter's MLP width (0: the target's)
+    features: str = "last"  # FEATURES: the carry seed
     unroll: int = 6  # chained steps trained: the bootstrap and unroll - 1 drafts
     step_decay: float = 0.8
     bootstrap_weight: float = 0.5
@@ -52,6 +56,8 @@ class TrainOptions:
     def checked(self) -> TrainOptions:
         if self.device not in DEVICES:
             raise _bad("device", self.device, " or ".join(DEVICES))
+        if self.features not in FEATURES:
+            raise _bad("features", self.features, " or ".join(FEATURES))
         positive = ("minutes", "num_requests", "request_tokens", "answer_tokens",
                     "generation_batch", "num_eval", "eval_tokens", "unroll", "batch_size",
                     "lr", "validate_every", "checkpoint_seconds")

@@ -33,7 +33,7 @@ from speculant_tools.export.package import tokenizer_facts
 from speculant_tools.train_drafter import export
 from speculant_tools.train_drafter.acceptance import measure_acceptance
 from speculant_tools.train_drafter.corpus import load_corpus, make_corpus
-from speculant_tools.train_drafter.drafter import ChainedDrafter
+from speculant_tools.train_drafter.drafter import ChainedDrafter, seed_layers
 from speculant_tools.train_drafter.llama import TorchLlama
 from speculant_tools.train_drafter.magpie import ChatPrompts
 from speculant_tools.train_drafter.objective import Objective
@@ -46,7 +46,7 @@ from speculant_tools.train_drafter.source import (
 )
 from speculant_tools.train_drafter.training import (
     TrainingState,
-    checkpoint_width,
+    checkpoint_shape,
     load_checkpoint,
     make_optimizer,
     save_checkpoint,
@@ -102,9 +102,11 @@ def train_drafter(package: str | Path, out: str | Path,
                                                                  f"{done}/{total}"))
         timings["corpus"] = round(time.time() - stage_started, 2)
 
-        width = (checkpoint_width(checkpoint_path) if options.resume
-                 else options.drafter_intermediate_size or config.intermediate_size)
-        drafter = ChainedDrafter(config, width).to(device)
+        width = options.drafter_intermediate_size or config.intermediate_size
+        layers = seed_layers(options.features, config.num_hidden_layers)
+        if options.resume:
+            width, layers = _resumed_shape(checkpoint_path, layers, options.features)
+        drafter = ChainedDrafter(config, width, layers).to(device)
         drafter.init_from_target(exact, torch.Generator().manual_seed(options.seed))
         optimizer = make_optimizer(drafter, options.lr)
         state = (load_checkpoint(checkpoint_path, drafter, optimizer) if options.resume
@@ -144,7 +146,8 @@ def train_drafter(package: str | Path, out: str | Path,
         notes = {"training": {**asdict(state), "objective": asdict(objective),
                               "options": options.as_dict()},
                  "validation": validation}
-        half = export.drafter_files(out, drafter.export_arrays(), source, head_rows, notes)
+        half = export.drafter_files(out, drafter.export_arrays(), source, head_rows, notes,
+                                    drafter.seed_feature_layers)
         drafter.load_arrays(half)  # measure what ships: the float16 weights
         drafter.eval()
         evaluation = corpus.held_out[:options.num_eval]
@@ -154,7 +157,8 @@ def train_drafter(package: str | Path, out: str | Path,
         if options.write_package:
             show("writing the pair package", 0, 1)
             stage_started = time.time()
-            export.write_pair(out / "package", source, half, head_rows)
+            export.write_pair(out / "package", source, half, head_rows,
+                              drafter.seed_feature_layers)
             timings["package"] = round(time.time() - stage_started, 2)
         has_plot = export.plot_losses(out / "train_log.jsonl", out / "loss_curves.png")
         show("done", 1, 1)
@@ -169,6 +173,8 @@ def train_drafter(package: str | Path, out: str | Path,
         "training": {**asdict(state), "steps_this_call": state.steps - steps_before},
         "corpus": corpus.stats, "draft_vocab_size": head_rows,
         "drafter_intermediate_size": drafter.intermediate_size,
+        "features": options.features,  # the carry seed: last or eagle3
+        "seed_feature_layers": list(drafter.stream_layers) or None,
         "files": {"package": str(out / "package") if options.write_package else None,
                   "loss_curves": str(out / "loss_curves.png") if has_plot else None},
         "timings": {**timings, "total": round(time.time() - started, 2)},
@@ -188,6 +194,20 @@ def _check_resume(checkpoint_path: Path, resume: bool) -> None:
         raise TrainDrafterError("the output folder already holds a trained drafter",
                                 file=str(checkpoint_path), path="--resume",
                                 remedy="pass --resume to continue it, or name a new folder")
+
+
+def _resumed_shape(checkpoint_path: Path, layers: tuple[int, ...] | None, features: str
+                   ) -> tuple[int, tuple[int, ...] | None]:
+    """The checkpoint's MLP width and seed layers; a seed other than ``--features`` asks
+    for is refused (the checkpoint's weights are of its own seed)."""
+    width, saved = checkpoint_shape(checkpoint_path)
+    if saved != layers:
+        raise TrainDrafterError("the checkpoint was trained with another --features",
+                                file=str(checkpoint_path), path="--features", value=features,
+                                expected="eagle3" if saved else "last",
+                                remedy="resume with the checkpoint's --features, or train "
+                                       "into a new folder")
+    return width, saved
 
 
 def _device(name: str) -> torch.device:

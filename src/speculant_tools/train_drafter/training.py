@@ -4,7 +4,8 @@
     state = train(target, drafter, optimizer, corpus.train, state, ...)
     save_checkpoint(path, drafter, optimizer, state)
 
-The checkpoint (``OUT/checkpoint/drafter.pt``) holds the drafter's float32 weights, the
+The checkpoint (``OUT/checkpoint/drafter.pt``) holds the drafter's float32 weights (and its
+shape: MLP width, seed layers), the
 optimizer's state (its two moments in bfloat16, which halves the file: ~32 MB for SmolLM2's
 drafter; loading casts them back to float32) and the :class:`TrainingState` (steps, answer
 tokens and seconds so far), so a resumed run continues the same optimization. The learning
@@ -56,7 +57,8 @@ def save_checkpoint(path: Path, drafter: ChainedDrafter, optimizer: torch.optim.
         for index, entry in optimizer_state["state"].items()}
     torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer_state,
                 "state": asdict(state),
-                "intermediate_size": drafter.intermediate_size}, scratch)
+                "intermediate_size": drafter.intermediate_size,
+                "seed_feature_layers": drafter.seed_feature_layers}, scratch)
     scratch.replace(path)
 
 
@@ -68,9 +70,12 @@ def load_checkpoint(path: Path, drafter: ChainedDrafter,
     return TrainingState(**saved["state"])
 
 
-def checkpoint_width(path: Path) -> int:
-    """The drafter MLP width a checkpoint was saved with."""
-    return int(torch.load(path, map_location="cpu", weights_only=True)["intermediate_size"])
+def checkpoint_shape(path: Path) -> tuple[int, tuple[int, ...] | None]:
+    """The drafter MLP width and seed layers (None: the ``last`` seed) a checkpoint was saved
+    with."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    layers = saved.get("seed_feature_layers")
+    return int(saved["intermediate_size"]), tuple(layers) if layers is not None else None
 
 
 def batches(examples: list[dict], batch_size: int, seed: int) -> Iterator[list[dict]]:
