@@ -25,7 +25,9 @@ CAPACITY = 32
 # Two passes: a ragged prefill, then a ragged verify with a padding row (row 3).
 PASSES = [[[7, 3, 41, 12, 25], [9, 2], [33, 48, 2, 17, 5, 6, 30, 11, 40], [14, 8, 21]],
           [[19, 4, 27], [36, 10, 3, 44], [22], []]]
-TOLERANCE = {"float32": 1e-4, "float16": 2e-2}
+# float32 with TF32 off (the CUDA EP's default would round matmul inputs to 10 bits); float16
+# sums in a different order on the two devices (measured on an H100: up to 0.027 on a logit)
+TOLERANCE = {"float32": 1e-4, "float16": 5e-2}
 
 
 def run_passes(ort, model: bytes, dtype: str, provider: str) -> tuple[list, np.ndarray]:
@@ -34,7 +36,8 @@ def run_passes(ort, model: bytes, dtype: str, provider: str) -> tuple[list, np.n
     c, rows = CONFIG, len(PASSES[0])
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(model, options, providers=[provider])
+    providers = [(provider, {"use_tf32": "0"})] if provider.startswith("CUDA") else [provider]
+    session = ort.InferenceSession(model, options, providers=providers)
     device = "cuda" if provider.startswith("CUDA") else "cpu"
     storage = np.float16 if dtype == "float16" else np.float32
     fill = np.random.default_rng(5).standard_normal(
