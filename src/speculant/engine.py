@@ -260,7 +260,7 @@ class Engine:
     @functools.cached_property
     def scheduler(self) -> Scheduler:
         """The engine's scheduler, made on first use: the target's batched graph, its caches
-        (``max_batch`` rows at the package's capacity) and its loop. A RequestError for a
+        (``max_batch`` rows, grown to the rows' reservations) and its loop. A RequestError for a
         package without a batched graph."""
         package, batch = self.package, batch_of(self.package)
         rows, chunk = self._scheduler_shape
