@@ -716,3 +716,35 @@ def test_an_onnx_runtime_failure_of_the_pass_is_a_typed_error(fresh_engine, monk
     problem = caught.value.problems[0]
     assert "planted: ORT failed" in problem.message and problem.file == target.artifact
     assert problem.path.endswith("update.batch.artifacts.target")
+
+
+@pytest.mark.parametrize("defect", [None, "grown_without_copy"])
+def test_buffers_grow_mid_decode_with_every_row_kept(roots, monkeypatch, defect):
+    """The batched buffers start small and double when a request that needs more takes a row
+    while others decode (here 8 slots, then 32); every request still equals its output
+    alone. Planted: growing without copying the decoding rows' slots is caught."""
+    import speculant.workflow.batched_pass as batched_pass
+
+    monkeypatch.setattr(batched_pass, "CAPACITY_STEP", 8)
+    if defect == "grown_without_copy":
+        monkeypatch.setattr(batched_pass, "copy_prefix", lambda *args: None)
+    engine = speculant.load(roots["pair"], max_batch=3)
+    scheduler = engine.scheduler
+    assert scheduler.target.capacity == 8
+    requests = [([7, 3, 41], 3), ([9, 2], 4), ([33, 48, 2, 17, 5], 12)]  # reserve 8, 8, 19
+    handles = [engine.submit(prompt, max_new_tokens=n, proposer="prompt_lookup", k=1)
+               for prompt, n in requests[:2]]
+    scheduler.step()
+    scheduler.step()  # both rows hold their prompt and a token: then the long one joins
+    assert scheduler.target.capacity == 8
+    handles.append(engine.submit(requests[2][0], max_new_tokens=requests[2][1],
+                                 proposer="prompt_lookup", k=1))
+    while not all(handle.is_finished for handle in handles):
+        scheduler.step()
+    assert scheduler.target.capacity == 32
+    differing = [i for i, ((prompt, n), handle) in enumerate(zip(requests, handles,
+                                                                 strict=True))
+                 if handle.result.token_ids != alone(engine, prompt, max_new_tokens=n,
+                                                     proposer="prompt_lookup",
+                                                     k=1).token_ids]
+    assert (differing == []) == (defect is None), differing
