@@ -225,3 +225,21 @@ def test_expected_tokens_at_each_rows_width_is_the_batch_1_rule():
     rows = StepRows.of([([0.5, 0.8, 0.3], 3, [0.0] * 4)])
     assert rows.tokens[0].tolist() == pytest.approx([expected_tokens([0.5, 0.8, 0.3], k)
                                                      for k in range(4)])
+
+
+def test_a_draft_the_proposer_did_not_make_counts_as_rejected_at_its_position():
+    step = StepWidth()
+    step.k = 3  # the step's width W = 4
+    row = RowWidth(3, "prompt_lookup", step)
+    assert row.width(None, 5) == 3  # type: ignore[arg-type]  # asked for three drafts
+    row.observe(RoundResult(0, 1, [5], None))  # no match: none proposed, the pass paid
+    assert row.controller.acceptance[0] < 0.6  # the prior, lowered
+    assert row.controller.acceptance[1:] == [0.6, 0.6]  # not reached
+    row.width(None, 5)  # type: ignore[arg-type]
+    row.observe(RoundResult(1, 2, [5, 6], None))  # one of three made, and accepted
+    assert row.controller.acceptance[1] < 0.6  # the second, never made: rejected
+    step.k = 0
+    row.width(None, 5)  # type: ignore[arg-type]  # a greedy step: nothing asked
+    before = list(row.controller.acceptance)
+    row.observe(RoundResult(0, 1, [5], None))
+    assert row.controller.acceptance == before

@@ -277,18 +277,24 @@ class RowWidth:
         self.controller = WidthController(max_k)
         self.kind, self.step = kind, step
         self.widths = range(0, max_k + 1)
+        self.asked = 0  # the drafts this step's width gave the row, proposed or not
         self._widths_proposed: set[int] = set()  # a width's first proposal: not timed
 
     def width(self, state: DecodeState, cap: int) -> int:
-        return min(cap, self.step.k)
+        self.asked = min(cap, self.step.k)
+        return self.asked
 
     def proposed(self, k: int, seconds: float) -> None:
         self.step.proposed(self.kind, k, seconds, is_timed=k > 0 and k in self._widths_proposed)
         self._widths_proposed.add(k)
 
     def observe(self, result: RoundResult) -> None:
-        if result.k:
-            self.controller.observe(result.k, result.num_accepted)
+        """The round's acceptance over the drafts the step asked for: a draft the proposer
+        did not make (prompt lookup without a match) counts as rejected at its position,
+        since the pass paid for it all the same."""
+        if asked := max(result.k, self.asked):
+            self.controller.observe(asked, result.num_accepted)
+        self.asked = 0
 
     @contextmanager
     def measuring(self) -> Iterator[None]:
