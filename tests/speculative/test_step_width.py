@@ -243,3 +243,21 @@ def test_a_draft_the_proposer_did_not_make_counts_as_rejected_at_its_position():
     before = list(row.controller.acceptance)
     row.observe(RoundResult(0, 1, [5], None))
     assert row.controller.acceptance == before
+
+
+def test_a_new_row_starts_from_its_kinds_pooled_acceptance_not_the_prior():
+    step = StepWidth()
+    fresh = step.row_policy(MeasuredWidth(3, "prompt_lookup", WidthCosts(), target=None))
+    assert fresh.controller.acceptance == [0.6, 0.6, 0.6]  # nothing pooled yet: the prior
+    step.k = 3
+    for _ in range(30):  # rows of the kind reject their first draft, round after round
+        row = RowWidth(3, "prompt_lookup", step)
+        row.width(None, 3)  # type: ignore[arg-type]
+        row.observe(RoundResult(3, 1, [5], None))
+    joining = step.row_policy(MeasuredWidth(3, "prompt_lookup", WidthCosts(), target=None))
+    assert joining.controller.acceptance[0] < 0.1  # priced as its kind does, so W = 1
+    assert joining.controller.acceptance[1:] == [0.6, 0.6]  # never reached
+    assert best_width(StepRows.of([(joining.controller.acceptance, 3, [0.0] * 4)]),
+                      range(1, 5), [1.0, 1.5, 2.0, 2.5], 0.0) == 1
+    other = step.row_policy(MeasuredWidth(2, "draft", WidthCosts(), target=None))
+    assert other.controller.acceptance == [0.6, 0.6]  # another kind: its own pool

@@ -20,6 +20,7 @@ import numpy as np
 
 from speculant.speculative.proposal import Proposer, RowsProposer
 from speculant.speculative.width import (
+    PRIOR_ACCEPTANCE,
     UNMEASURED_SECONDS,
     MeasuredWidth,
     WidthController,
@@ -159,13 +160,29 @@ class StepWidth:
         self._explored_at = -EXPLORE_EVERY  # the step of the last exploration
         self._proposing_seconds = 0.0  # this step's RowWidth proposals, summed
         self._drafted_together: set[tuple[str, int]] = set()  # (kind, k) run: timed now
+        # kind -> the acceptance by position of every row of that kind, pooled: a new
+        # row's prior (not PRIOR_ACCEPTANCE: a row starting optimistic widens the step
+        # until its own rounds correct it, and rows keep joining)
+        self.pooled: dict[str, WidthController] = {}
 
     def row_policy(self, policy: WidthPolicy) -> WidthPolicy:
         """The policy a request decodes with here: ``k="auto"`` (a :class:`MeasuredWidth`,
         made for batch 1) becomes a :class:`RowWidth` of this step; a fixed k stays."""
         if isinstance(policy, MeasuredWidth):
-            return RowWidth(policy.controller.max_k, policy.kind, self)
+            row = RowWidth(policy.controller.max_k, policy.kind, self)
+            if (pooled := self.pooled.get(policy.kind)) is not None:
+                known = pooled.acceptance[:row.controller.max_k]
+                row.controller.acceptance[:len(known)] = known
+            return row
         return policy
+
+    def observed(self, kind: str, max_k: int, asked: int, num_accepted: int) -> None:
+        """A ``kind`` row's round: ``asked`` drafts, ``num_accepted`` committed."""
+        pooled = self.pooled.setdefault(kind, WidthController(max_k))
+        if max_k > pooled.max_k:
+            pooled.acceptance += [PRIOR_ACCEPTANCE] * (max_k - pooled.max_k)
+            pooled.max_k = max_k
+        pooled.observe(asked, num_accepted)
 
     def choose(self, rows: Sequence[tuple[WidthPolicy, int, Proposer | None]],
                num_run: int) -> int:
@@ -294,6 +311,7 @@ class RowWidth:
         since the pass paid for it all the same."""
         if asked := max(result.k, self.asked):
             self.controller.observe(asked, result.num_accepted)
+            self.step.observed(self.kind, self.controller.max_k, asked, result.num_accepted)
         self.asked = 0
 
     @contextmanager
