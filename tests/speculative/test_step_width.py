@@ -261,3 +261,12 @@ def test_a_new_row_starts_from_its_kinds_pooled_acceptance_not_the_prior():
                       range(1, 5), [1.0, 1.5, 2.0, 2.5], 0.0) == 1
     other = step.row_policy(MeasuredWidth(2, "draft", WidthCosts(), target=None))
     assert other.controller.acceptance == [0.6, 0.6]  # another kind: its own pool
+
+
+def test_a_wider_pass_measured_cheaper_than_a_narrower_one_is_priced_at_the_narrower():
+    costs = StepCosts()
+    for width, seconds in ((1, 1.0), (4, 2.2), (5, 2.0)):  # W = 5's one run: noise
+        costs.observe_pass(8, width, seconds)
+    assert costs.pass_seconds(8, range(4, 6)) == pytest.approx([2.2, 2.2])
+    costs.observe_pass(2, 1, 3.0)  # fewer rows measured dearer: a floor for more rows
+    assert costs.pass_seconds(8, range(1, 2)) == pytest.approx([3.0])

@@ -122,14 +122,14 @@ class StepCosts:
     def pass_seconds(self, num_rows: int, widths: range) -> list[float]:
         """``t_pass(B, W)`` for each of ``widths``: measured, else read off the line through
         the widths measured at ``B`` (else at the nearest measured ``B``, the fewer rows on
-        a tie), never below :meth:`lower_bound`; :data:`UNMEASURED_SECONDS` where no pass
+        a tie), never below :meth:`lower_bound`, measured or not (a wider pass measured
+        cheaper than a narrower one is noise); :data:`UNMEASURED_SECONDS` where no pass
         was measured (every width looks alike: the widest is run, and so measured)."""
         if not self.passes:
             return [UNMEASURED_SECONDS] * len(widths)
         nearest = min(self.passes, key=lambda rows: (abs(rows - num_rows), rows))
         fitted = self.passes[nearest].at(widths, UNMEASURED_SECONDS)
-        return [fitted[i] if self.is_measured(num_rows, width) else
-                max(fitted[i], self.lower_bound(num_rows, width))
+        return [max(fitted[i], self.lower_bound(num_rows, width))
                 for i, width in enumerate(widths)]
 
     def propose_seconds(self, kind: str, cap: int, *, is_together: bool = False
