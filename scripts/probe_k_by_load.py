@@ -2,6 +2,7 @@
 
     uv run --extra cpu python scripts/probe_k_by_load.py --rows 8 --repeats 2
     uv run --extra cpu python scripts/probe_k_by_load.py --rows 8 --repeats 2 --unmade-unobserved
+    uv run --extra cpu python scripts/probe_k_by_load.py --rows 8 --repeats 1 --steps
 
 The built-in ``smollm2`` (a 16-row batched graph, built once into ~/.cache/speculant) loaded
 with ``max_batch = rows``; ``2 × rows`` requests (at least 4) of the bundled prompts, 64 tokens
@@ -10,6 +11,8 @@ each (EOS masked), through ``Engine.generate_many``: greedy, prompt lookup and c
 each run's aggregate tokens/s and the widths the step chose in its steps of ``rows`` rows.
 ``--unmade-unobserved``: the rule before a draft the proposer did not make counted as a
 rejection (a row's acceptance observed over the drafts made only), for comparison.
+``--steps``: also each run's steps, timed, by (rows, W), or ("prefill", rows) for a step in
+which a row prefills (the decoding rows' time against the joining rows' prefill).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import speculant
 from speculant import GenerationOptions
-from speculant.speculative import step_width
+from speculant.speculative import scheduler, step_width
 from speculant_tools.builtin import smollm2
 
 PROMPTS = Path(__file__).resolve().parents[1] / "src" / "speculant_bench" / "prompts.json"
@@ -33,6 +36,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--unmade-unobserved", action="store_true")
+    parser.add_argument("--steps", action="store_true")
     args = parser.parse_args()
     if args.unmade_unobserved:
         def observe(self: step_width.RowWidth, result) -> None:
@@ -45,9 +49,26 @@ def main() -> None:
     def counted(self: step_width.StepWidth, rows, num_run: int) -> int:
         width = choose(self, rows, num_run)
         chosen[len(rows), width] += 1
+        step_key[:] = [(len(rows), width)]
         return width
 
     step_width.StepWidth.choose = counted
+    step_key: list[tuple] = []
+    steps: collections.defaultdict[tuple, list[float]] = collections.defaultdict(
+        lambda: [0, 0.0])
+    step = scheduler.Scheduler.step
+
+    def timed(self: scheduler.Scheduler) -> bool:
+        step_key.clear()
+        started = time.perf_counter()
+        ran = step(self)
+        key = step_key[0] if step_key else ("prefill", sum(e is not None for e in self.rows))
+        steps[key][0] += 1
+        steps[key][1] += time.perf_counter() - started
+        return ran
+
+    if args.steps:
+        scheduler.Scheduler.step = timed
     engine = speculant.load(smollm2("cpu", batch=16), max_batch=args.rows)
     prompts = (json.loads(PROMPTS.read_text()) * 8)[:max(4, 2 * args.rows)]
     runners = {"greedy": None, "prompt_lookup": "prompt_lookup", "chained": "chained"}
@@ -65,10 +86,14 @@ def main() -> None:
     for repeat in range(args.repeats):
         for name, proposer in runners.items():
             chosen.clear()
+            steps.clear()
             rates[name].append(run(proposer))
             widths = sorted((w, n) for (b, w), n in chosen.items() if b == args.rows)
             print(f"repeat {repeat} {name:14s} {rates[name][-1]:6.1f} tok/s; "
                   f"(W, steps) at {args.rows} rows: {widths}", flush=True)
+            if args.steps:
+                print("  steps (count, seconds):", {key: (n, round(seconds, 2)) for key, (
+                    n, seconds) in sorted(steps.items(), key=str)}, flush=True)
     for name, values in rates.items():
         print(name, " ".join(f"{value:.1f}" for value in values))
 
