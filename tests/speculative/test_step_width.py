@@ -225,3 +225,48 @@ def test_expected_tokens_at_each_rows_width_is_the_batch_1_rule():
     rows = StepRows.of([([0.5, 0.8, 0.3], 3, [0.0] * 4)])
     assert rows.tokens[0].tolist() == pytest.approx([expected_tokens([0.5, 0.8, 0.3], k)
                                                      for k in range(4)])
+
+
+def test_a_draft_the_proposer_did_not_make_counts_as_rejected_at_its_position():
+    step = StepWidth()
+    step.k = 3  # the step's width W = 4
+    row = RowWidth(3, "prompt_lookup", step)
+    assert row.width(None, 5) == 3  # type: ignore[arg-type]  # asked for three drafts
+    row.observe(RoundResult(0, 1, [5], None))  # no match: none proposed, the pass paid
+    assert row.controller.acceptance[0] < 0.6  # the prior, lowered
+    assert row.controller.acceptance[1:] == [0.6, 0.6]  # not reached
+    row.width(None, 5)  # type: ignore[arg-type]
+    row.observe(RoundResult(1, 2, [5, 6], None))  # one of three made, and accepted
+    assert row.controller.acceptance[1] < 0.6  # the second, never made: rejected
+    step.k = 0
+    row.width(None, 5)  # type: ignore[arg-type]  # a greedy step: nothing asked
+    before = list(row.controller.acceptance)
+    row.observe(RoundResult(0, 1, [5], None))
+    assert row.controller.acceptance == before
+
+
+def test_a_new_row_starts_from_its_kinds_pooled_acceptance_not_the_prior():
+    step = StepWidth()
+    fresh = step.row_policy(MeasuredWidth(3, "prompt_lookup", WidthCosts(), target=None))
+    assert fresh.controller.acceptance == [0.6, 0.6, 0.6]  # nothing pooled yet: the prior
+    step.k = 3
+    for _ in range(30):  # rows of the kind reject their first draft, round after round
+        row = RowWidth(3, "prompt_lookup", step)
+        row.width(None, 3)  # type: ignore[arg-type]
+        row.observe(RoundResult(3, 1, [5], None))
+    joining = step.row_policy(MeasuredWidth(3, "prompt_lookup", WidthCosts(), target=None))
+    assert joining.controller.acceptance[0] < 0.1  # priced as its kind does, so W = 1
+    assert joining.controller.acceptance[1:] == [0.6, 0.6]  # never reached
+    assert best_width(StepRows.of([(joining.controller.acceptance, 3, [0.0] * 4)]),
+                      range(1, 5), [1.0, 1.5, 2.0, 2.5], 0.0) == 1
+    other = step.row_policy(MeasuredWidth(2, "draft", WidthCosts(), target=None))
+    assert other.controller.acceptance == [0.6, 0.6]  # another kind: its own pool
+
+
+def test_a_wider_pass_measured_cheaper_than_a_narrower_one_is_priced_at_the_narrower():
+    costs = StepCosts()
+    for width, seconds in ((1, 1.0), (4, 2.2), (5, 2.0)):  # W = 5's one run: noise
+        costs.observe_pass(8, width, seconds)
+    assert costs.pass_seconds(8, range(4, 6)) == pytest.approx([2.2, 2.2])
+    costs.observe_pass(2, 1, 3.0)  # fewer rows measured dearer: a floor for more rows
+    assert costs.pass_seconds(8, range(1, 2)) == pytest.approx([3.0])

@@ -20,6 +20,7 @@ import numpy as np
 
 from speculant.speculative.proposal import Proposer, RowsProposer
 from speculant.speculative.width import (
+    PRIOR_ACCEPTANCE,
     UNMEASURED_SECONDS,
     MeasuredWidth,
     WidthController,
@@ -121,14 +122,14 @@ class StepCosts:
     def pass_seconds(self, num_rows: int, widths: range) -> list[float]:
         """``t_pass(B, W)`` for each of ``widths``: measured, else read off the line through
         the widths measured at ``B`` (else at the nearest measured ``B``, the fewer rows on
-        a tie), never below :meth:`lower_bound`; :data:`UNMEASURED_SECONDS` where no pass
+        a tie), never below :meth:`lower_bound`, measured or not (a wider pass measured
+        cheaper than a narrower one is noise); :data:`UNMEASURED_SECONDS` where no pass
         was measured (every width looks alike: the widest is run, and so measured)."""
         if not self.passes:
             return [UNMEASURED_SECONDS] * len(widths)
         nearest = min(self.passes, key=lambda rows: (abs(rows - num_rows), rows))
         fitted = self.passes[nearest].at(widths, UNMEASURED_SECONDS)
-        return [fitted[i] if self.is_measured(num_rows, width) else
-                max(fitted[i], self.lower_bound(num_rows, width))
+        return [max(fitted[i], self.lower_bound(num_rows, width))
                 for i, width in enumerate(widths)]
 
     def propose_seconds(self, kind: str, cap: int, *, is_together: bool = False
@@ -159,13 +160,29 @@ class StepWidth:
         self._explored_at = -EXPLORE_EVERY  # the step of the last exploration
         self._proposing_seconds = 0.0  # this step's RowWidth proposals, summed
         self._drafted_together: set[tuple[str, int]] = set()  # (kind, k) run: timed now
+        # kind -> the acceptance by position of every row of that kind, pooled: a new
+        # row's prior (not PRIOR_ACCEPTANCE: a row starting optimistic widens the step
+        # until its own rounds correct it, and rows keep joining)
+        self.pooled: dict[str, WidthController] = {}
 
     def row_policy(self, policy: WidthPolicy) -> WidthPolicy:
         """The policy a request decodes with here: ``k="auto"`` (a :class:`MeasuredWidth`,
         made for batch 1) becomes a :class:`RowWidth` of this step; a fixed k stays."""
         if isinstance(policy, MeasuredWidth):
-            return RowWidth(policy.controller.max_k, policy.kind, self)
+            row = RowWidth(policy.controller.max_k, policy.kind, self)
+            if (pooled := self.pooled.get(policy.kind)) is not None:
+                known = pooled.acceptance[:row.controller.max_k]
+                row.controller.acceptance[:len(known)] = known
+            return row
         return policy
+
+    def observed(self, kind: str, max_k: int, asked: int, num_accepted: int) -> None:
+        """A ``kind`` row's round: ``asked`` drafts, ``num_accepted`` committed."""
+        pooled = self.pooled.setdefault(kind, WidthController(max_k))
+        if max_k > pooled.max_k:
+            pooled.acceptance += [PRIOR_ACCEPTANCE] * (max_k - pooled.max_k)
+            pooled.max_k = max_k
+        pooled.observe(asked, num_accepted)
 
     def choose(self, rows: Sequence[tuple[WidthPolicy, int, Proposer | None]],
                num_run: int) -> int:
@@ -277,18 +294,25 @@ class RowWidth:
         self.controller = WidthController(max_k)
         self.kind, self.step = kind, step
         self.widths = range(0, max_k + 1)
+        self.asked = 0  # the drafts this step's width gave the row, proposed or not
         self._widths_proposed: set[int] = set()  # a width's first proposal: not timed
 
     def width(self, state: DecodeState, cap: int) -> int:
-        return min(cap, self.step.k)
+        self.asked = min(cap, self.step.k)
+        return self.asked
 
     def proposed(self, k: int, seconds: float) -> None:
         self.step.proposed(self.kind, k, seconds, is_timed=k > 0 and k in self._widths_proposed)
         self._widths_proposed.add(k)
 
     def observe(self, result: RoundResult) -> None:
-        if result.k:
-            self.controller.observe(result.k, result.num_accepted)
+        """The round's acceptance over the drafts the step asked for: a draft the proposer
+        did not make (prompt lookup without a match) counts as rejected at its position,
+        since the pass paid for it all the same."""
+        if asked := max(result.k, self.asked):
+            self.controller.observe(asked, result.num_accepted)
+            self.step.observed(self.kind, self.controller.max_k, asked, result.num_accepted)
+        self.asked = 0
 
     @contextmanager
     def measuring(self) -> Iterator[None]:
