@@ -405,7 +405,7 @@ def test_each_pass_writes_only_its_rows_valid_slots(fresh_engine, monkeypatch, p
 def test_planted_padding_written_is_caught(fresh_engine, monkeypatch):
     """block_lengths = W for every row: the free row and the short rows' padding written."""
     monkeypatch.setattr(batched_pass, "row_widths",
-                        lambda blocks, rows, width: np.full(rows, width, np.int64))
+                        lambda blocks, rows, width, first=0: np.full(rows, width, np.int64))
     found = checked_writes(fresh_engine, monkeypatch)
     fresh_engine.generate_many(PROMPTS[:3], max_new_tokens=8, proposer="prompt_lookup", k=2)
     assert any(f.startswith("row 3 ") for f in found)  # the free row
@@ -417,7 +417,7 @@ def test_planted_cursor_of_another_row_is_caught(fresh_engine, monkeypatch):
     against another row's cache."""
     cursors = batched_pass.row_cursors
     monkeypatch.setattr(batched_pass, "row_cursors",
-                        lambda blocks, rows: np.roll(cursors(blocks, rows), 1))
+                        lambda blocks, rows, first=0: np.roll(cursors(blocks, rows, first), 1))
     options = [{"max_new_tokens": n, "proposer": "prompt_lookup", "k": 2} for n in MAX_NEW]
     assert mismatches(fresh_engine, PROMPTS[:4], options[:4]) != []
 
@@ -748,3 +748,39 @@ def test_buffers_grow_mid_decode_with_every_row_kept(roots, monkeypatch, defect)
                                                      proposer="prompt_lookup",
                                                      k=1).token_ids]
     assert (differing == []) == (defect is None), differing
+
+
+LONG_PROMPTS = [[(7 * i + 3) % 50 for i in range(21)], [(11 * i + 5) % 50 for i in range(30)]]
+
+
+@pytest.mark.parametrize("proposer, k", [(None, None), ("prompt_lookup", 2), ("chained", 2)])
+def test_a_long_prompt_joining_runs_alone_on_its_row_and_every_request_equals_alone(
+        roots, monkeypatch, proposer, k):
+    """A prompt chunk wider than KEPT_WIDTHS runs on its own row through the batch-1 graph
+    while the decoding rows run together (not padded to the chunk); each request equals its
+    output alone and every pass writes only its rows' valid slots."""
+    engine = speculant.load(roots["pair"], max_batch=ROWS, prefill_chunk=32)
+    found = checked_writes(engine, monkeypatch)
+    options = {"proposer": proposer, "k": k} if proposer else {}
+    handles = [engine.submit(prompt, max_new_tokens=n, **options)
+               for prompt, n in zip(PROMPTS[:2], MAX_NEW[:2], strict=True)]
+    for _ in range(3):
+        engine.scheduler.step()  # both decode; then the long prompts join apart
+    widths = []
+    run = batched_pass.BatchedTargetPass._pass
+
+    def recorded(self, blocks, first, rows):
+        widths.append((first, rows, max(len(b.tokens) for b in blocks)))
+        return run(self, blocks, first, rows)
+
+    monkeypatch.setattr(batched_pass.BatchedTargetPass, "_pass", recorded)
+    handles += [engine.submit(prompt, max_new_tokens=12, **options) for prompt in LONG_PROMPTS]
+    while not all(handle.is_finished for handle in handles):
+        engine.scheduler.step()
+    assert found == []
+    assert any(rows == 1 and width > batched_pass.KEPT_WIDTHS for _, rows, width in widths)
+    assert all(width <= batched_pass.KEPT_WIDTHS for _, rows, width in widths if rows > 1)
+    requests = [*zip(PROMPTS[:2], MAX_NEW[:2], strict=True), *[(p, 12) for p in LONG_PROMPTS]]
+    for (prompt, n), handle in zip(requests, handles, strict=True):
+        assert handle.result.token_ids == alone(engine, prompt, max_new_tokens=n,
+                                                **options).token_ids

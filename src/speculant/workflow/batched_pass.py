@@ -59,20 +59,22 @@ class RowBlock:
     cells: RowCells  # the row it runs in
 
 
-def row_cursors(blocks: Sequence[RowBlock], num_rows: int) -> np.ndarray:
-    """``cache_lengths`` [B] int64: each busy row's start, 0 for a free row."""
+def row_cursors(blocks: Sequence[RowBlock], num_rows: int, first: int = 0) -> np.ndarray:
+    """``cache_lengths`` [B] int64 of rows ``[first, first + B)``: each busy row's start, 0
+    for a free row."""
     cursors = np.zeros(num_rows, np.int64)
     for block in blocks:
-        cursors[block.cells.row] = block.start
+        cursors[block.cells.row - first] = block.start
     return cursors
 
 
-def row_widths(blocks: Sequence[RowBlock], num_rows: int, width: int) -> np.ndarray:
-    """``block_lengths`` [B] int64: each busy row's ``W_b``, 0 for a free row (``width``, the
-    block's ``W``, is what a row may not exceed)."""
+def row_widths(blocks: Sequence[RowBlock], num_rows: int, width: int,
+               first: int = 0) -> np.ndarray:
+    """``block_lengths`` [B] int64 of rows ``[first, first + B)``: each busy row's ``W_b``,
+    0 for a free row (``width``, the block's ``W``, is what a row may not exceed)."""
     widths = np.zeros(num_rows, np.int64)
     for block in blocks:
-        widths[block.cells.row] = len(block.tokens)
+        widths[block.cells.row - first] = len(block.tokens)
     return widths
 
 
@@ -199,22 +201,39 @@ class BatchedTargetPass:
         return RowCells(bound)
 
     def run(self, blocks: Sequence[RowBlock]) -> list[PassResult]:
-        """One pass over ``blocks`` (one per busy row; the other rows pad the batch); each
-        row's :class:`PassResult`, in ``blocks``' order, its logits ``[1, W_b, V]``."""
-        width, rows = max(len(block.tokens) for block in blocks), row_bucket(
-            max(block.cells.row for block in blocks), self.rows)
-        cursors = row_cursors(blocks, rows)
+        """The step's passes over ``blocks`` (one per busy row); each row's
+        :class:`PassResult`, in ``blocks``' order, its logits ``[1, W_b, V]``. A prompt chunk
+        wider than :data:`KEPT_WIDTHS` runs alone on its row's view through the batch-1 graph
+        (padding every other row to its width would cost each of them the chunk); the other
+        rows run together, the first ``row_bucket`` rows of the buffers (free rows padding)."""
+        alone = [b for b in blocks if self.single is not None and len(b.tokens) > KEPT_WIDTHS]
+        together = [b for b in blocks if b not in alone]
+        results: dict[int, PassResult] = {}
+        for block in alone:
+            results.update(self._pass([block], block.cells.row, 1))
+        if together:
+            results.update(self._pass(together, 0, row_bucket(
+                max(block.cells.row for block in together), self.rows)))
+        return [results[id(block)] for block in blocks]
+
+    def _pass(self, blocks: Sequence[RowBlock], first: int, rows: int
+              ) -> dict[int, PassResult]:
+        """One pass over rows ``[first, first + rows)`` of the buffers (a view), holding
+        ``blocks``; each block's result by ``id``."""
+        width = max(len(block.tokens) for block in blocks)
         over = [(b.cells.row, b.start) for b in blocks if b.start + width > self.capacity]
         if over:
             raise ContractError(f"a batched pass of width {width} writes past the rows' "
                                 f"capacity {self.capacity} at (row, start) {over}",
                                 value=width, expected=f"start + {width} <= {self.capacity}")
-        values = {"cursors": cursors, "widths": row_widths(blocks, rows, width),
-                  "tokens": np.zeros((rows, width), np.int64),
-                  "positions": cursors[:, None] + np.arange(width, dtype=np.int64)[None]}
+        cursors = row_cursors(blocks, rows, first)  # free rows: cursor 0, block length 0
+        tokens = np.zeros((rows, width), np.int64)
         for block in blocks:
-            values["tokens"][block.cells.row, :len(block.tokens)] = block.tokens
-        plan = self._plan(rows, width)
+            tokens[block.cells.row - first, :len(block.tokens)] = block.tokens
+        values = {"cursors": cursors, "widths": row_widths(blocks, rows, width, first),
+                  "tokens": tokens,
+                  "positions": cursors[:, None] + np.arange(width, dtype=np.int64)[None]}
+        plan = self._plan(first, rows, width)
         with self.seam.write_batch():
             for port, contract in self.inputs.items():
                 if port in self.roles and port in plan.inputs:
@@ -222,27 +241,28 @@ class BatchedTargetPass:
                         NUMPY_DTYPES[contract.dtype]))
         try:
             produced = plan.run()
-            logits = produced[self.logits_port]  # [B, W, V]
+            logits = produced[self.logits_port]  # [rows, W, V]
         except Exception as exc:  # ORT raises its own exception types; wrap them (A9)
             raise ContractError(f"ONNX Runtime failed a batched pass of {len(blocks)} row(s) "
                                 f"of width {width}: {exc}", file=self.artifact,
                                 path=self.field, remedy="decode the requests alone "
                                 "(engine.generate), and report the package") from exc
-        seed = produced.get(self.seed_port) if self.seed_port else None  # [B, W, H]
-        return [PassResult(block.start, block.tokens, {}, self._row(logits, block),
-                           None if seed is None else self._row(seed, block), block.cells)
-                for block in blocks]
+        seed = produced.get(self.seed_port) if self.seed_port else None  # [rows, W, H]
 
-    def _row(self, value: Value, block: RowBlock) -> Value:
-        """Row ``b``'s valid part ``[1, W_b, ...]`` of a ``[B, W, ...]`` output."""
-        return self.seam.truncate_axis(self.seam.slice_axis(value, 0, block.cells.row, 1), 1,
-                                       len(block.tokens))
+        def row(value: Value, block: RowBlock) -> Value:  # [1, W_b, ...] of [rows, W, ...]
+            return self.seam.truncate_axis(self.seam.slice_axis(
+                value, 0, block.cells.row - first, 1), 1, len(block.tokens))
 
-    def _plan(self, rows: int, width: int) -> PassPlan:
-        """The plan of the first ``rows`` rows at width ``W``: the small inputs' buffers, the
-        caches' first rows (a view) bound as past and present, and the logits ``[rows, W,
-        V]``; kept for the verify widths only."""
-        plan = self.plans.get((rows, width))
+        return {id(block): PassResult(block.start, block.tokens, {}, row(logits, block),
+                                      None if seed is None else row(seed, block), block.cells)
+                for block in blocks}
+
+    def _plan(self, first: int, rows: int, width: int) -> PassPlan:
+        """The plan of rows ``[first, first + rows)`` at width ``W``: the small inputs'
+        buffers, those rows of the caches (a view) bound as past and present, and the logits
+        ``[rows, W, V]``; one row runs the batch-1 graph; kept for the first rows' verify
+        widths only."""
+        plan = self.plans.get((rows, width)) if first == 0 else None
         if plan is not None:
             return plan
         seam, device = self.seam, self.session.device
@@ -252,7 +272,7 @@ class BatchedTargetPass:
             if session is self.single and self.roles.get(port) == "widths":
                 continue  # the one row's block is the whole block
             if port in self.cell_of:
-                inputs[port] = seam.owned_rows(self.buffers[self.cell_of[port]], 0, rows)
+                inputs[port] = seam.owned_rows(self.buffers[self.cell_of[port]], first, rows)
             else:
                 shape = (rows, width) if self.roles[port] in ("tokens", "positions") \
                     else (rows,)
@@ -266,6 +286,6 @@ class BatchedTargetPass:
             outputs[self.seed_port] = seam.zeros((rows, width, seed.dims[-1]), seed.dtype,
                                                  self.session.output_residency)
         plan = PassPlan(session, inputs, outputs, capture=False)
-        if width <= KEPT_WIDTHS:
+        if first == 0 and width <= KEPT_WIDTHS:
             self.plans[rows, width] = plan
         return plan
