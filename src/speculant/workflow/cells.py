@@ -75,7 +75,7 @@ class StaticCells(dict[str, Value]):
 class RowCells:
     """A request's row of the engine's batched caches (the buffers belong to the
     :class:`~speculant.workflow.batched_pass.BatchedTargetPass`): its row index, given when
-    the request takes a row (None while it waits), and the capacity every row has. The
+    the request takes a row (None while it waits), the slots it reserved (``P + R + k + 1``). The
     row's valid slots are ``[0, C)``, ``C`` being the decode state's consumed count, the one
     home of the row's length: every batched pass takes its cursor from it."""
 
