@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import speculant
@@ -337,13 +337,14 @@ def test_logprobs_are_recorded_per_request_as_alone(engines):
                                    st.sampled_from([None, "prompt_lookup", "chained"])),
                          min_size=1, max_size=8),
        rows=st.integers(1, ROWS), chunk=st.sampled_from([2, 5, 128]))
+@example(arrivals=[(0, 0, 1, None), (0, 0, 1, "prompt_lookup")], rows=1, chunk=2)
 def test_randomised_arrival_schedules_keep_every_output(engines, arrivals, rows, chunk):
     """Requests submitted at random steps (several in one step, some while every row is
     busy) each equal their output alone; every request ends and frees its row."""
     engine = engines(rows, chunk)
     scheduler = engine.scheduler
     handles, step = [], 0
-    pending = sorted(arrivals)
+    pending = sorted(arrivals, key=lambda arrival: arrival[0])  # by step, then as listed
     while pending or scheduler.has_work:
         while pending and pending[0][0] <= step:
             _, index, n, proposer = pending.pop(0)
