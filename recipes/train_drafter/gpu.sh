@@ -3,15 +3,17 @@
 #
 #   bash recipes/train_drafter/gpu.sh receive .train-drafter/cN   # one staged chunk (stage.sh);
 #        the last one installs every wheel into /tmp/site
-#   bash recipes/train_drafter/gpu.sh restore .train-drafter/resume   # carried checkpoint parts
+#   bash recipes/train_drafter/gpu.sh restore .train-drafter/resume-aa [...]   # carried parts
 #        (checkpoint.tar.part-*, one or more a call) gathered in /tmp/train-drafter-parts
 #   bash recipes/train_drafter/gpu.sh train "$OUT" [MINUTES] [-- train-drafter options]
 #        one training call (default 8 minutes): the first makes the corpus and starts the
 #        drafter in /tmp/train-drafter, every later call on the same warm machine resumes it
 #        (--resume is added when a checkpoint is there); on a fresh machine the parts
-#        gathered by `restore` are the checkpoint (the corpus is made again). $OUT receives: drafter.npz, drafter_config.json,
-#        drafter_report.json, loss_curves.png, train_log.jsonl and the checkpoint as
-#        checkpoint.tar.part-aa, -ab, -ac (at most 11 MiB each, so each can be carried back).
+#        gathered by `restore` are the checkpoint, and its corpus where they hold one (else
+#        the corpus is made again). $OUT receives: drafter.npz, drafter_config.json,
+#        drafter_report.json, loss_curves.png, train_log.jsonl and the checkpoint with the
+#        corpus as checkpoint.tar.part-aa, -ab, -ac (each at most ~16 MiB, so each can be
+#        carried back beside the tree).
 #        TARGET (default smollm2) names another package; WORK (default /tmp/train-drafter)
 #        another folder.
 set -uo pipefail
@@ -46,7 +48,8 @@ train() {
   if [ ! -f "$work/checkpoint/drafter.pt" ] && ls "$parts"/checkpoint.tar.part-* \
       >/dev/null 2>&1; then
     cat "$parts"/checkpoint.tar.part-* | tar -xf - -C "$work" || exit 1
-    echo "resuming from the carried checkpoint ($(ls "$parts" | wc -l) parts)"
+    echo "resuming from the carried checkpoint ($(ls "$parts" | wc -l) parts$( \
+      [ -d "$work/corpus" ] && echo ', with its corpus'))"
   fi
   local resume=()
   [ -f "$work/checkpoint/drafter.pt" ] && resume=(--resume)
@@ -58,7 +61,16 @@ train() {
     [ -f "$work/$f" ] && cp "$work/$f" "$out/"
   done
   if [ -f "$work/checkpoint/drafter.pt" ]; then
-    tar -cf - -C "$work" checkpoint | split -b 11M - "$out/checkpoint.tar.part-"
+    # the checkpoint and the corpus in at most three parts ($OUT holds at most 8 files of
+    # 16 MiB); the corpus stays behind where the three would not hold it
+    local keep=(checkpoint) bytes
+    [ -f "$work/corpus/state.json" ] && keep+=(corpus)
+    bytes=$(du -cb "${keep[@]/#/$work/}" | tail -1 | cut -f1)
+    if [ "$bytes" -gt $(( 3 * 15 * 1024 * 1024 )) ]; then keep=(checkpoint); fi
+    bytes=$(du -cb "${keep[@]/#/$work/}" | tail -1 | cut -f1)
+    tar -cf - -C "$work" "${keep[@]}" | split -b $(( bytes / 3 + 1048576 )) - \
+      "$out/checkpoint.tar.part-"
+    echo "carried back: ${keep[*]}"
   fi
   ls -la "$out"
   [ -f "$work/drafter_report.json" ] && python3 -c "import json; r = json.load(open('$work/drafter_report.json')); \
@@ -69,8 +81,8 @@ print(json.dumps({k: r[k] for k in ('validation_loss', 'mean_accepted_length_k4'
 
 case "$phase" in
   receive) receive "${2:-}" ;;
-  restore) mkdir -p "$parts" && cp "${2:?the folder of carried parts}"/checkpoint.tar.part-* "$parts"/ &&
-           ls -la "$parts" ;;
+  restore) shift; mkdir -p "$parts" && for folder in "${@:?the folders of carried parts}"; do
+             cp "$folder"/checkpoint.tar.part-* "$parts"/ || exit 1; done; ls -la "$parts" ;;
   train) shift; train "$@" ;;
   *) echo "unknown phase $phase (receive, restore or train)" >&2; exit 2 ;;
 esac
