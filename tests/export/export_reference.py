@@ -27,12 +27,12 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
 
 
-def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
+def inverse_frequencies(config: LlamaConfig, is_long: bool = False) -> np.ndarray:
     """RoPE's ``[d / 2]`` inverse frequencies, rescaled as ``config.rope_scaling`` says:
     linear divides all by the factor; llama3 (Meta's Llama 3.1 reference) divides those whose
     wavelength exceeds original / low_freq_factor by the factor, keeps those under
     original / high_freq_factor and blends in between; factors and longrope divide one by
-    one."""
+    one (``is_long``: by longrope's long factors)."""
     d, scaling = config.rotary_dim or config.head_dim, config.rope_scaling  # rotated values
     inv_freq = 1.0 / config.rope_theta ** (np.arange(0, d, 2) / d)
     if scaling is None:
@@ -40,7 +40,8 @@ def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
     if scaling.rope_type in ("factors", "longrope"):
-        return inv_freq / np.asarray(scaling.frequency_factors, np.float64)
+        factors = scaling.long_factors if is_long else scaling.frequency_factors
+        return inv_freq / np.asarray(factors, np.float64)
     wavelength = 2 * np.pi / inv_freq
     original = scaling.original_max_position_embeddings
     low, high = scaling.low_freq_factor, scaling.high_freq_factor
@@ -50,12 +51,18 @@ def inverse_frequencies(config: LlamaConfig) -> np.ndarray:
                     np.where(wavelength > original / low, inv_freq / scaling.factor, blended))
 
 
-def rope(x: np.ndarray, positions: np.ndarray, config: LlamaConfig) -> np.ndarray:
+def rope(x: np.ndarray, positions: np.ndarray, config: LlamaConfig,
+         is_long: np.ndarray | None = None) -> np.ndarray:
     """``x`` [heads, s, d] rotated at ``positions`` [s] (halves layout, as HF Llama), times
     longrope's attention factor (LongRoPE scales cos and sin by it); with ``rotary_dim``
-    (partial rotary) the first rotary_dim values so, the rest as they are."""
+    (partial rotary) the first rotary_dim values so, the rest as they are. ``is_long`` [s]
+    bool: the positions rotated with longrope's long factors (default none)."""
     r, scaling = config.rotary_dim or config.head_dim, config.rope_scaling
+    is_long = np.zeros(len(positions), bool) if is_long is None else np.asarray(is_long)
     angles = np.outer(positions, inverse_frequencies(config))
+    if is_long.any():
+        angles = np.where(is_long[:, None],
+                          np.outer(positions, inverse_frequencies(config, True)), angles)
     angles = np.concatenate([angles, angles], axis=-1)  # [s, r]
     turned, passed = x[..., :r], x[..., r:]
     x1, x2 = turned[..., : r // 2], turned[..., r // 2:]
@@ -105,14 +112,28 @@ def projection(h: np.ndarray, weights, name: str, has_bias: bool) -> np.ndarray:
     return out + _w(weights, f"{name}.bias") if has_bias else out
 
 
-def target_forward(config: LlamaConfig, weights, ids, mask=None):
+def long_positions(config: LlamaConfig, blocks: list[int]) -> np.ndarray:
+    """[sum(blocks)] bool: the positions a run of forward calls of ``blocks`` tokens each
+    rotates with longrope's long factors: those of every call whose sequence (its last
+    position + 1) is longer than ``original_max_position_embeddings``, where the config has
+    long factors (transformers' ``longrope_frequency_update``; cached keys keep theirs)."""
+    scaling = config.rope_scaling
+    ends = np.repeat(np.cumsum(blocks), blocks)
+    if scaling is None or getattr(scaling, "long_factors", None) is None:
+        return np.zeros(len(ends), bool)
+    return ends > scaling.original_max_position_embeddings
+
+
+def target_forward(config: LlamaConfig, weights, ids, mask=None, blocks=None):
     """The whole sequence ``ids`` from empty caches. ``mask`` [T] (1 = visible, default all).
-    Returns logits [T, V], hidden [T, H] (after the final norm) and per layer keys (rotated)
-    and values [KV, T, d]."""
+    ``blocks``: the sizes of the forward calls that computed it (default one call; they
+    choose longrope's table: :func:`long_positions`). Returns logits [T, V], hidden [T, H]
+    (after the final norm) and per layer keys (rotated) and values [KV, T, d]."""
     c, eps = config, config.rms_norm_eps
     ids = np.asarray(ids)
     n = len(ids)
     positions = np.arange(n)
+    is_long = long_positions(c, [n] if blocks is None else blocks)
     visible = positions[None, :] <= positions[:, None]
     if mask is not None:
         visible = visible & (np.asarray(mask)[None, :] == 1)
@@ -137,7 +158,7 @@ def target_forward(config: LlamaConfig, weights, ids, mask=None):
         if c.qk_norm:  # per head, over head_dim
             q, k = norm(q, f"{a}.q_norm.weight"), norm(k, f"{a}.k_norm.weight")
         layer_rope = local if is_sliding else c
-        q, k = rope(q, positions, layer_rope), rope(k, positions, layer_rope)
+        q, k = (rope(x, positions, layer_rope, is_long) for x in (q, k))
         v = split_heads(projection(h, weights, f"{a}.v_proj", c.attention_bias),
                         c.num_key_value_heads)
         keys.append(k)
@@ -163,12 +184,15 @@ def drafter_forward(config: LlamaConfig, weights, table, fused, positions, keys,
     """fused [s, 2H]; positions [s]; keys/values [KV, K, d] (borrowed, keys rotated);
     mask [K]. Every query sees every key whose mask entry is 1. Returns logits [s, V] and
     the projected state [s, H]. The layer is plain Llama whatever the target's variations,
-    rotating with its RoPE (``rope_scaling`` and ``rotary_dim`` kept)."""
+    rotating with its RoPE (``rope_scaling`` and ``rotary_dim`` kept; longrope's table as
+    one call ending at ``max(positions) + 1`` takes it)."""
     c, eps, p = replace(config, **VARIATIONS), config.rms_norm_eps, "drafter.layer"
     x = np.asarray(fused, np.float64) @ _w(weights, "drafter.in_proj.weight").T
     h = rms_norm(x, _w(weights, f"{p}.input_layernorm.weight"), eps)
+    positions = np.asarray(positions)
+    is_long = long_positions(c, [max(positions) + 1])[-1:].repeat(len(positions))
     q = rope(split_heads(h @ _w(weights, f"{p}.self_attn.q_proj.weight").T,
-                         c.num_attention_heads), np.asarray(positions), c)
+                         c.num_attention_heads), positions, c, is_long)
     visible = np.broadcast_to(np.asarray(mask)[None, :] == 1, (len(x), len(mask)))
     x = x + attend(q, np.asarray(keys, np.float64), np.asarray(values, np.float64), visible,
                    c) @ _w(weights, f"{p}.self_attn.o_proj.weight").T

@@ -14,6 +14,7 @@ import pytest
 from export_models import CONFIG, DRAFTER_WEIGHTS, TARGET_WEIGHTS
 from export_reference import drafter_forward
 
+from speculant_tools.export import RopeScaling
 from speculant_tools.export.graphs import drafter_graph
 
 C = CONFIG
@@ -82,6 +83,39 @@ def test_fused_attention_equals_the_reference_within_the_valid_length(dtype, con
                                        atol=atol, err_msg=what)
             np.testing.assert_allclose(state[0].astype(np.float64), ref_state, rtol=rtol,
                                        atol=atol, err_msg=what)
+
+
+LONGROPE = replace(C, rope_scaling=RopeScaling(
+    "longrope", frequency_factors=(1.0, 1.5, 2.0, 3.5, 1.2, 4.0, 8.0, 2.5),
+    attention_factor=1.2, long_factors=(9.0,) * 8, original_max_position_embeddings=16))
+
+
+@pytest.mark.parametrize(("cache", "fused_attention"),
+                         [("static", False), ("static", True), ("appended", False)])
+def test_a_longrope_drafter_turns_each_row_with_its_own_table(cache, fused_attention):
+    """One step of two rows: row 0's query at position 10 (a sequence of 11, under the
+    original 16) turns with the short factors, row 1's at 20 with the long ones; each row
+    equals the reference of its own step, and row 1 not the short table's."""
+    rng = np.random.default_rng(5)
+    session = ort.InferenceSession(drafter_model("float32", fused_attention, cache, LONGROPE)
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    table = TARGET_WEIGHTS["model.embed_tokens.weight"]
+    lengths = np.array([11, 21], np.int64)
+    key, value = (rng.standard_normal((2, C.num_key_value_heads, CAPACITY, C.head_dim))
+                  .astype(np.float32) for _ in range(2))
+    fused = rng.standard_normal((2, 1, 2 * C.hidden_size)).astype(np.float32)
+    positions = (lengths - 1)[:, None]
+    mask = (np.arange(CAPACITY)[None] < lengths[:, None]).astype(np.int64)  # [2, capacity]
+    feeds = {"inputs_embeds": fused, "position_ids": positions, "shared_kv.key": key,
+             "shared_kv.value": value,
+             **({"cache_lengths": lengths} if cache == "static" else {"attention_mask": mask})}
+    logits = session.run(["logits"], feeds)[0]
+    short = replace(LONGROPE, rope_scaling=replace(LONGROPE.rope_scaling, long_factors=None))
+    for b in range(2):
+        args = (DRAFTER_WEIGHTS, table, fused[b], positions[b], key[b], value[b], mask[b])
+        expected = drafter_forward(LONGROPE, *args)[0]
+        np.testing.assert_allclose(logits[b], expected, rtol=1e-5, atol=2e-5, err_msg=f"row {b}")
+        assert (np.abs(logits[b] - drafter_forward(short, *args)[0]).max() > 1e-3) == (b == 1)
 
 
 def test_a_static_fused_pair_reads_back_its_drafter_and_converts_back(tmp_path):

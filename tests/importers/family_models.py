@@ -31,6 +31,8 @@ from speculant_tools.importers.gguf_vocab import build_tokenizer
 
 IDS = [7, 3, 41, 12, 25, 9, 30, 5, 18, 44]  # prefill PREFILL of them, then one per step
 PREFILL = 7
+# longer than the longrope variants' original context (16) and within their context (64)
+LONG_IDS = IDS + [21, 6, 38, 14, 27, 2, 33, 19, 45, 10, 29, 4, 36, 16]
 COMMON = {"vocab_size": len(TOKENS), "hidden_size": 32, "intermediate_size": 64,
           "max_position_embeddings": 64, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
           "pad_token_id": 0, "attention_bias": False, "torch_dtype": "float32"}
@@ -63,6 +65,10 @@ HF_CONFIGS["phi3-longrope"] = {**HF_CONFIGS["phi3"], "original_max_position_embe
                                                 "short_factor": [1.0, 1.5, 2.0, 3.5, 1.2,
                                                                  4.0, 8.0, 2.5],
                                                 "long_factor": [9.0] * 8}}
+# a longrope checkpoint without long factors: the short ones at every length, capped
+HF_CONFIGS["phi3-longrope-short"] = {**HF_CONFIGS["phi3-longrope"], "rope_scaling": {
+    "type": "longrope", "short_factor": HF_CONFIGS["phi3-longrope"]["rope_scaling"][
+        "short_factor"]}}
 # Phi-4-mini's form: partial rotary (48 of 64 values turned; GroupQueryAttention takes
 # multiples of 16) with longrope (24 pairs)
 HF_CONFIGS["phi3-partial-longrope"] = {
@@ -70,7 +76,8 @@ HF_CONFIGS["phi3-partial-longrope"] = {
     "rope_scaling": {"type": "longrope", "short_factor": list(np.linspace(1.0, 12.0, 24)),
                      "long_factor": [9.0] * 24}}
 GGUF_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3", "gemma3-linear": "gemma3",
-              "phi3-longrope": "phi3", "phi3-partial-longrope": "phi3"}
+              "phi3-longrope": "phi3", "phi3-partial-longrope": "phi3",
+              "phi3-longrope-short": "phi3"}
 
 
 def base_family(family: str) -> str:
@@ -210,8 +217,10 @@ def write_gguf_file(path: Path, family: str, extra: dict[str, np.ndarray] | None
         scale = cfg["max_position_embeddings"] / original
         writer.add_rope_scaling_orig_ctx_len(original)
         writer.add_rope_scaling_attn_factors(np.sqrt(1 + np.log(scale) / np.log(original)))
-        extra = {"rope_factors_long.weight": np.array(rope["long_factor"]),
-                 "rope_factors_short.weight": np.array(rope["short_factor"]), **(extra or {})}
+        factors = {"rope_factors_long.weight": rope.get("long_factor"),
+                   "rope_factors_short.weight": rope["short_factor"]}
+        extra = {**{name: np.array(values) for name, values in factors.items()
+                    if values is not None}, **(extra or {})}
     if cfg.get("attn_logit_softcapping"):
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
     if cfg.get("final_logit_softcapping"):
@@ -252,13 +261,16 @@ def expected_config(cfg: dict, sliding: bool = True) -> LlamaConfig:
     window = cfg["sliding_window"] if sliding else None
     rope = cfg.get("rope_scaling")
     if not is_gemma(cfg):  # Phi-3: Llama, untied, every layer sliding
-        if rope:  # longrope up to the original context: the short factors, cos/sin scaled
+        if rope:  # longrope: the short factors, the long ones beyond the original context
             original = cfg["original_max_position_embeddings"]
             scale = sizes["max_position_embeddings"] / original
-            sizes["max_position_embeddings"] = original
             factor = float(np.sqrt(1 + np.log(scale) / np.log(original)))
+            long = rope.get("long_factor")
+            if long is None:  # the short factors alone: the context capped at the original
+                sizes["max_position_embeddings"] = original
             rope = RopeScaling("longrope", frequency_factors=tuple(rope["short_factor"]),
-                               attention_factor=factor)
+                               attention_factor=factor, long_factors=long and tuple(long),
+                               original_max_position_embeddings=long and original)
         return LlamaConfig(**sizes, head_dim=d, tie_word_embeddings=False,
                            sliding_window=window, rope_scaling=rope,
                            rotary_dim=rotary_dim(cfg) if rotary_dim(cfg) < d else None)
@@ -286,10 +298,11 @@ def is_sliding(cfg: dict, layer: int) -> bool:
 
 
 def reference_logits(cfg: dict, weights: dict[str, np.ndarray], ids: list[int],
-                     sliding: bool = True) -> np.ndarray:
+                     sliding: bool = True, blocks: list[int] | None = None) -> np.ndarray:
     """Logits [T, vocab] float64 of the whole sequence ``ids`` from ``cfg`` and its own
     weights (Phi-3's fused q/k/v and gate/up split by rows), by the one numpy reference of
-    the exported architecture (export_reference.target_forward)."""
+    the exported architecture (export_reference.target_forward), computed by forward calls
+    of ``blocks`` tokens (default one: they choose longrope's tables)."""
     config = expected_config(cfg, sliding)
     q_rows = config.num_attention_heads * config.head_dim
     kv_rows, f = config.num_key_value_heads * config.head_dim, config.intermediate_size
@@ -306,11 +319,11 @@ def reference_logits(cfg: dict, weights: dict[str, np.ndarray], ids: list[int],
                 np.split(array, [f])
         else:
             split[name] = array
-    return target_forward(config, split, ids)[0]
+    return target_forward(config, split, ids, blocks=blocks)[0]
 
 
 # -- the package's logits, through its own caches ----------------------------------------
-def package_logits(root: Path, ids: list[int], prefill: int, capacity: int = 16
+def package_logits(root: Path, ids: list[int], prefill: int, capacity: int = 32
                    ) -> np.ndarray:
     """Logits [T, vocab] float64 of ``root``'s decoder: ``ids[:prefill]`` in one pass, then
     one token per pass, each pass fed the caches the previous one returned (appended: the

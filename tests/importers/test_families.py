@@ -13,6 +13,7 @@ import pytest
 from family_models import (
     HF_CONFIGS,
     IDS,
+    LONG_IDS,
     PREFILL,
     expected_config,
     gguf_config,
@@ -99,6 +100,8 @@ def test_hf_and_gguf_read_the_same_model(tmp_path, family):
                                    rtol=1e-7)
         assert (gs.attention_factor or 1.0) == pytest.approx(hs.attention_factor or 1.0,
                                                              rel=1e-7)
+        np.testing.assert_allclose(gs.long_factors or 0, hs.long_factors or 0, rtol=1e-7)
+        assert gs.long_after == hs.long_after
     assert hf.config.max_position_embeddings == gg.config.max_position_embeddings
     assert sorted(hf.weights) == sorted(gg.weights)
     for name, array in hf.weights.items():
@@ -129,16 +132,111 @@ def test_gemma3_layers_and_rope_bases(tmp_path):
     assert config.qk_norm and config.post_norms and config.hidden_act == "gelu_pytorch_tanh"
 
 
-def test_phi3_longrope_bakes_the_short_factors_up_to_the_original_context(tmp_path):
-    """transformers' longrope below original_max_position_embeddings: the short factors,
-    cos and sin times sqrt(1 + log(max / original) / log(original)); the context is capped
-    at the original (the long factors would need another table)."""
-    config = read_checkpoint(write_hf_folder(tmp_path / "hf", "phi3-longrope")).config
-    scaling = config.rope_scaling
-    assert config.max_position_embeddings == 16
-    assert scaling.frequency_factors == tuple(HF_CONFIGS["phi3-longrope"]["rope_scaling"][
-        "short_factor"])
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_phi3_longrope_reads_both_factor_sets_and_keeps_the_context(tmp_path, source):
+    """transformers' longrope: the short factors, the long ones beyond
+    original_max_position_embeddings, cos and sin times sqrt(1 + log(max / original) /
+    log(original)); the context is the model's own (64)."""
+    path, cfg = _source(tmp_path, "phi3-longrope", source)
+    config = read_checkpoint(path).config
+    scaling, rope = config.rope_scaling, cfg["rope_scaling"]
+    assert config.max_position_embeddings == 64
+    assert (scaling.long_after, scaling.original_max_position_embeddings) == (16, 16)
+    np.testing.assert_allclose(scaling.frequency_factors, rope["short_factor"], rtol=1e-7)
+    np.testing.assert_allclose(scaling.long_factors, rope["long_factor"], rtol=1e-7)
     assert scaling.attention_factor == pytest.approx(np.sqrt(1 + np.log(4) / np.log(16)))
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_longrope_without_long_factors_caps_the_context_and_says_so(tmp_path, source, caplog):
+    path, _ = _source(tmp_path, "phi3-longrope-short", source)
+    with caplog.at_level("WARNING", logger="speculant_tools.importers"):
+        config = read_checkpoint(path).config
+    assert config.max_position_embeddings == 16 and config.rope_scaling.long_after is None
+    assert "capped at the original 16 tokens (of 64)" in caplog.text
+
+
+def _long_runs(cfg: dict, family: str) -> list[tuple[int, list[int], np.ndarray]]:
+    """(prefill, the calls' sizes, the reference's logits) of LONG_IDS prefilled so far,
+    then one token per call: a prompt shorter than the original context (16) decoding
+    across it, and a longer one."""
+    runs = [(prefill, [prefill] + [1] * (len(LONG_IDS) - prefill)) for prefill in (12, 20)]
+    return [(prefill, blocks, reference_logits(cfg, hf_weights(family), LONG_IDS,
+                                               blocks=blocks)) for prefill, blocks in runs]
+
+
+def test_the_long_table_and_the_call_boundaries_matter():
+    """The reference of the rule (a call longer than the original context rotates with the
+    long factors; cached keys keep theirs) differs from the short factors alone beyond the
+    original context, equals them before it, and differs from one call of the whole
+    sequence (all long) before it: the equalities below are not vacuous."""
+    cfg, weights = HF_CONFIGS["phi3-longrope"], hf_weights("phi3-longrope")
+    (_, _, crossing), _ = _long_runs(cfg, "phi3-longrope")
+    short = reference_logits(HF_CONFIGS["phi3-longrope-short"], weights, LONG_IDS)
+    whole = reference_logits(cfg, weights, LONG_IDS)
+    np.testing.assert_allclose(crossing[:16], short[:16], rtol=1e-12)
+    scale = 1e-3 * np.abs(short).max()
+    assert np.abs(crossing[16:] - short[16:]).min(axis=-1).max() > scale
+    assert np.abs(crossing[:16] - whole[:16]).max() > scale
+
+
+@pytest.mark.parametrize("source, cache, dtype, graph", FORMS)
+@pytest.mark.parametrize("family", ["phi3-longrope", "phi3-partial-longrope"])
+def test_longrope_logits_equal_the_reference_beyond_the_original_context(
+        tmp_path, family, source, cache, dtype, graph):
+    path, cfg = _source(tmp_path, family, source)
+    package = import_model(path, tmp_path / "package", dtype=dtype, cache=cache, graph=graph)
+    for prefill, _, expected in _long_runs(cfg, family):
+        actual = package_logits(package, LONG_IDS, prefill)
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(actual, expected, rtol=0, err_msg=f"prefill {prefill}",
+                                   atol=(2e-2 if dtype == "float16" else 2e-4) * scale)
+
+
+def test_the_short_table_alone_misses_the_reference(tmp_path, monkeypatch):
+    """The planted defect (every call rotates with the short table) moves the logits of
+    every call longer than the original context past the tolerance of the test above (but
+    position 0's: an angle of 0 in either table), and those of the shorter calls not."""
+    from export.export_reference import long_positions
+    from speculant_tools.export import RopeScaling
+
+    cfg = HF_CONFIGS["phi3-longrope"]
+    monkeypatch.setattr(RopeScaling, "long_after", property(lambda self: None))
+    package = import_model(write_hf_folder(tmp_path / "hf", "phi3-longrope"),
+                           tmp_path / "package", graph="explicit")
+    for prefill, blocks, expected in _long_runs(cfg, "phi3-longrope"):
+        errors = np.abs(package_logits(package, LONG_IDS, prefill) - expected).max(axis=-1)
+        is_long, tolerance = long_positions(expected_config(cfg), blocks), 2e-4 * np.abs(
+            expected).max()
+        assert is_long[1:].any() and errors[~is_long].max(initial=0) < tolerance
+        assert errors[1:][is_long[1:]].min() > tolerance
+
+
+def test_a_batched_pass_chooses_each_rows_table(tmp_path):
+    """``--batch``: one pass holds a row under the original context (its padding's positions
+    past it) beside a row over it, then both decode; each row equals the reference of its
+    own calls."""
+    from static_cache.static_driver import BatchedTarget
+
+    cfg = {**HF_CONFIGS["phi3-longrope"], "sliding_window": None}  # the batched pass's form
+    package = import_model(write_hf_folder(tmp_path / "hf", "phi3-longrope", cfg),
+                           tmp_path / "package", batch=2)
+    c = read_checkpoint(tmp_path / "hf").config
+    target = BatchedTarget(package / "decoder" / "batched.onnx", 2, 32, np.zeros(
+        (c.num_hidden_layers, 2, 2, c.num_key_value_heads, 32, c.head_dim)))
+    prompts, ends = (10, 20), len(LONG_IDS)
+    rows: list[list[np.ndarray]] = [[], []]
+    for step in range(ends - min(prompts) + 1):
+        blocks = [LONG_IDS[:p] if step == 0 else LONG_IDS[p + step - 1:p + step]
+                  for p in prompts]
+        for row, logits in zip(rows, target.run(blocks), strict=True):
+            row.append(logits)
+    for prompt, row in zip(prompts, rows, strict=True):
+        actual = np.concatenate(row)[:ends]
+        expected = reference_logits(cfg, hf_weights("phi3-longrope"), LONG_IDS,
+                                    blocks=[prompt] + [1] * (ends - prompt))
+        np.testing.assert_allclose(actual, expected, atol=2e-4 * np.abs(expected).max(),
+                                   rtol=0, err_msg=f"the row of a {prompt}-token prompt")
 
 
 @pytest.mark.parametrize("rope_key", ["partial_rotary_factor", "rope_parameters"])
@@ -202,6 +300,30 @@ def test_logits_equal_transformers(tmp_path, family):
                                    atol=2e-4 * np.abs(expected).max(), rtol=0)
 
 
+@pytest.mark.parametrize("family", ["phi3-longrope", "phi3-partial-longrope"])
+def test_longrope_beyond_the_original_context_equals_transformers(tmp_path, family):
+    """transformers' own Phi-3 through its cache, prefilled then one token per call (its
+    longrope choice is per call), equals the reference of the same calls and the package."""
+    torch = pytest.importorskip("torch", reason="transformers' check needs torch")
+    transformers = pytest.importorskip("transformers", reason="needs transformers")
+    folder = write_hf_folder(tmp_path / "hf", family)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    package = import_model(folder, tmp_path / "package")
+    for prefill, _, reference in _long_runs(HF_CONFIGS[family], family):
+        rows, past = [], None
+        with torch.no_grad():
+            for block in [LONG_IDS[:prefill], *([t] for t in LONG_IDS[prefill:])]:
+                out = model(torch.tensor([block]), past_key_values=past, use_cache=True)
+                rows.append(out.logits[0].double().numpy())
+                past = out.past_key_values
+        expected = np.concatenate(rows)
+        tolerance = 2e-4 * np.abs(expected).max()
+        np.testing.assert_allclose(reference, expected, atol=tolerance, rtol=0)
+        np.testing.assert_allclose(package_logits(package, LONG_IDS, prefill), expected,
+                                   atol=tolerance, rtol=0)
+
+
 def test_phi3_written_back_as_mistral_equals_transformers(tmp_path):
     """export-hf's Mistral config.json of a Phi-3 package computes the Phi-3's logits in
     transformers' own MistralForCausalLM."""
@@ -230,6 +352,11 @@ def test_phi3_written_back_as_mistral_equals_transformers(tmp_path):
      "config.rope_parameters.sliding_attention.rope_type"),
     ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 8,
                                "short_factor": [1.0] * 7}}, "config.rope_scaling.short_factor"),
+    ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 7,
+                               "short_factor": [1.0] * 8}}, "config.rope_scaling.long_factor"),
+    ("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 7 + [float("nan")],
+                               "short_factor": [1.0] * 8}},
+     "config.rope_scaling.long_factors"),
     ("phi3", {"rope_scaling": {"type": "yarn", "factor": 4.0}},
      "config.rope_scaling.rope_type"),
     ("phi3", {"partial_rotary_factor": 1.5}, "config.partial_rotary_factor"),
@@ -253,6 +380,30 @@ def test_phi3_long_factors_alone_are_refused_by_tensor(tmp_path):
     with pytest.raises(ImporterError) as caught:
         import_model(path, tmp_path / "out")
     assert caught.value.paths == ["tensors.rope_factors_long.weight"]
+
+
+def test_phi3_long_factors_of_the_wrong_shape_are_refused_by_tensor(tmp_path):
+    path = write_gguf_file(tmp_path / "m.gguf", "phi3-longrope",
+                           extra={"rope_factors_long.weight": np.ones(7)})
+    with pytest.raises(ImporterError) as caught:
+        import_model(path, tmp_path / "out")
+    assert caught.value.paths == ["tensors.rope_factors_long.weight"]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"long_factors": (1.0,) * 7}, "config.rope_scaling.long_factors"),
+    ({"long_factors": (1.0,) * 7 + (0.0,)}, "config.rope_scaling.long_factors"),
+    ({"long_factors": (1.0,) * 8, "original_max_position_embeddings": None},
+     "config.rope_scaling.original_max_position_embeddings"),
+])
+def test_invalid_long_factors_are_refused_by_field(change, field):
+    from speculant_tools.export import ExportError, RopeScaling
+
+    short = {"frequency_factors": (1.0,) * 8, "attention_factor": 1.2,
+             "original_max_position_embeddings": 16}
+    with pytest.raises(ExportError) as caught:
+        RopeScaling("longrope", **{**short, **change})
+    assert caught.value.paths == [field]
 
 
 def test_a_plain_llama_package_is_unchanged(tmp_path):

@@ -95,7 +95,8 @@ def batched_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray],
         update = g.op("Where", [keep, new, held], "update")
         return g.op("TensorScatter", [past, update, lengths], "written", axis=2)
 
-    ropes = g.layer_ropes(position_ids)
+    # each row's sequence ends at L + W_b (its padding's positions run on past it)
+    ropes = g.layer_ropes(position_ids, g.op("Add", [lengths, BLOCK_LENGTHS], "row_ends"))
     attrs = {"scale": c.attention_scale}
     if c.attn_logit_softcapping is not None:
         attrs["softcap"] = float(c.attn_logit_softcapping)

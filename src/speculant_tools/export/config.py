@@ -322,6 +322,8 @@ class LlamaConfig:
         for name in ("rope_scaling", "rotary_dim"):
             if data[name] is None:
                 del data[name]  # likewise
+        if data.get("rope_scaling", {}).get("long_factors", 0) is None:
+            del data["rope_scaling"]["long_factors"]  # likewise
         if data["drafter_intermediate_size"] == self.intermediate_size:
             del data["drafter_intermediate_size"]  # the default: packages stay as they were
         if data["draft_vocab_size"] == self.vocab_size:

@@ -93,7 +93,6 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     g = _Graph(name, c, dtype, fused_norms=True, cache=cache)
     # position_ids stays in the signature: GroupQueryAttention places rotary at P + i itself
     input_ids, mask, _, pasts = g.decoder_inputs(weights)
-    caches = _rotary_caches(g, weights[EMBEDDING].dtype)  # per layer: (cos, sin)
 
     if g.is_static:  # seqlens_k [b] = P + s - 1; total_sequence_length = the capacity
         # s counted on the device (a host scalar from Shape would need a copy: no CUDA graph)
@@ -108,6 +107,7 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
                      to=TensorProto.INT32)
     total = g.op("Cast", [g.dim(pasts[0][0], 2, "capacity") if g.is_static
                           else g.dim(mask, 1, "total")], "total_len", to=TensorProto.INT32)
+    caches = _rotary_caches(g, weights[EMBEDDING].dtype, valid)  # per layer: (cos, sin)
 
     x = g.embed(input_ids)  # [b, s, hidden]
     h = g.norm(x, "model.layers.0.input_layernorm.weight")
@@ -139,17 +139,31 @@ def fused_target_graph(config: LlamaConfig, weights: Mapping[str, np.ndarray], d
     return g.finish("target")
 
 
-def _rotary_caches(g: _Graph, storage: np.dtype) -> list[tuple[str, str]]:
+def _rotary_caches(g: _Graph, storage: np.dtype, ends: str) -> list[tuple[str, str]]:
     """Per layer, GroupQueryAttention's ``cos_cache`` and ``sin_cache`` [max_pos,
     rotated / 2] in the package dtype (the kernel turns as many values as they say): a
-    sliding layer's at ``rope_local_base_freq`` where one is set."""
+    sliding layer's at ``rope_local_base_freq`` where one is set. With longrope's long
+    factors, the long tables where :meth:`_Graph.is_long_rope` says so of the rows' ends
+    (``ends`` [b] int64: the kernel takes one cache for the batch, so the longest row
+    chooses; speculant runs this graph one sequence at a time)."""
     c = g.config
 
     def caches(config: LlamaConfig, suffix: str) -> tuple[str, str]:
-        cos, sin = rope_tables(config)  # [max_pos, rotated] float32, halves duplicated
         half = c.rotated_dim // 2
-        return (g.weight(f"speculant.rope.cos_cache{suffix}", cos[:, :half].astype(storage)),
-                g.weight(f"speculant.rope.sin_cache{suffix}", sin[:, :half].astype(storage)))
+
+        def pair(is_long: bool) -> list[str]:
+            name = f"{suffix}_long" if is_long else suffix
+            return [g.weight(f"speculant.rope.{part}_cache{name}", table[:, :half].astype(
+                storage)) for part, table in zip(("cos", "sin"), rope_tables(config, is_long),
+                                                 strict=True)]  # [max_pos, rotated / 2]
+
+        is_long = g.is_long_rope(config, ends, 0, 0)  # [] bool
+        short = pair(False)
+        if is_long is None:
+            return short[0], short[1]
+        cos, sin = (g.op("Where", [is_long, long, part], "rope_chosen")
+                    for long, part in zip(pair(True), short, strict=True))
+        return cos, sin
 
     full = caches(c, "")
     local = full

@@ -148,17 +148,6 @@ class _Graph(GraphBuilder, Variations):
         normed = self.from_float32(self.op("Mul", [x32, inv_rms], "normed"), self.dtype)
         return self.op("Mul", [self.norm_scale(weight), normed], weight.rsplit(".", 1)[0])
 
-    def rope_at(self, position_ids: str, config: LlamaConfig | None = None,
-                suffix: str = "") -> tuple[str, str]:
-        """cos, sin ``[b, 1, s, head_dim]`` float32 gathered at ``position_ids`` [b, s]
-        (``config``'s tables, default the graph's; ``suffix`` names a second pair)."""
-        cos_table, sin_table = rope_tables(config or self.config)
-        tables = [self.weight(f"speculant.rope.{part}{suffix and '_' + suffix}", table)
-                  for part, table in (("cos", cos_table), ("sin", sin_table))]
-        cos = self.op("Gather", [tables[0], position_ids])
-        sin = self.op("Gather", [tables[1], position_ids])
-        return self.unsqueeze(cos, [1], "cos"), self.unsqueeze(sin, [1], "sin")
-
     def rotate(self, x32: str, rope: tuple[str, str]) -> str:
         """``x * cos + rotate_half(x) * sin`` on ``[b, heads, s, head_dim]`` float32: on the
         first ``rotated_dim`` values, the rest passed as they are."""
@@ -210,11 +199,17 @@ class _Graph(GraphBuilder, Variations):
         reads KV head ``h // groups``, scaled by ``1 / sqrt(d)``, no causal term (each node
         one kernel where the graph runs; the explicit form is ~25)."""
         c = self.config
-        cos_table, sin_table = rope_tables(c)  # [max_ctx, rotated], halves duplicated
         half = c.rotated_dim // 2
-        dtype = NUMPY_TYPES[self.dtype]
-        cos = self.weight("speculant.rope.cos_half", cos_table[:, :half].astype(dtype))
-        sin = self.weight("speculant.rope.sin_half", sin_table[:, :half].astype(dtype))
+        if c.rope_scaling is not None and c.rope_scaling.long_after is not None:
+            # each row's own table: cos, sin [b, s, rotated / 2] with no position_ids
+            cos, sin = (self.from_float32(self.slice_last(part, 0, half, -1, "half"),
+                                          self.dtype) for part in self.gathered_rope(position_ids))
+            position_ids = ""
+        else:
+            cos_table, sin_table = rope_tables(c)  # [max_ctx, rotated], halves duplicated
+            dtype = NUMPY_TYPES[self.dtype]
+            cos = self.weight("speculant.rope.cos_half", cos_table[:, :half].astype(dtype))
+            sin = self.weight("speculant.rope.sin_half", sin_table[:, :half].astype(dtype))
         q = self.linear(h, f"{prefix}.self_attn.q_proj.weight")  # [b, s, H * d]
         partial = {} if c.rotary_dim is None else {"rotary_embedding_dim": c.rotary_dim}
         q = self.op("RotaryEmbedding", [q, cos, sin, position_ids], "rope",

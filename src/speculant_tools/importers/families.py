@@ -19,7 +19,7 @@ Gemma 2     embeddings * sqrt(hidden), RMSNorm by (1 + w), GeGLU (gelu tanh), sa
 Gemma 3     Gemma 2's, without the soft caps, with QK norms, 5 sliding layers to 1 global,
             sliding layers' RoPE at ``rope_local_base_freq``, global layers' scaled (4B-27B)
 Phi-3       q/k/v and gate/up fused (split here), an untied head, partial rotary (Phi-4-mini),
-            sliding where ``sliding_window`` is set (mini-4k: 2047), longrope (short factors)
+            sliding where ``sliding_window`` is set (mini-4k: 2047), longrope (both sets)
 ==========  ==========================================================================
 
 ``dynamic`` RoPE scaling reads as plain RoPE with the context capped at the original one:
@@ -48,6 +48,7 @@ import numpy as np
 
 from speculant_tools.export.layer_types import FULL, LAYER_TYPES, SLIDING
 from speculant_tools.export.rope import RopeScaling
+from speculant_tools.importers.longrope import longrope_scaling
 
 # export.config's LlamaConfig, read by attribute here and built by its callers from the
 # fields returned here: export.config consults this table (LlamaConfig.from_hf, to_hf), so
@@ -182,26 +183,25 @@ def _rotary_dim(data: Mapping[str, Any], rope: Mapping[str, Any], sizes: dict[st
 
 def _longrope(key: str, rope: dict[str, Any], data: Mapping[str, Any],
               sizes: dict[str, Any], rotated: int) -> RopeScaling:
-    """Phi-3's longrope (``su``) as transformers computes it up to
-    ``original_max_position_embeddings`` tokens: the short factors, the attention factor
-    ``sqrt(1 + log(s) / log(original))`` (s = max / original; 1 where s <= 1) unless the
-    config gives one; the context (``sizes``) capped at the original (the long factors,
-    taken beyond it, need a table per length)."""
+    """Phi-3's longrope (``su``) as transformers computes it: the short factors, the long
+    ones beyond ``original_max_position_embeddings`` (:func:`longrope_scaling`), the
+    attention factor ``sqrt(1 + log(s) / log(original))`` (s = max / original; 1 where
+    s <= 1) unless the config gives one."""
     original = rope.get("original_max_position_embeddings",
                         data.get("original_max_position_embeddings"))
-    short = rope.get("short_factor")
     if not isinstance(original, int) or original < 2:
         raise Refusal("original_max_position_embeddings", original, "longrope needs the "
                       "original context", "complete config.json from the model card", "int")
-    if not isinstance(short, list) or len(short) != rotated // 2:
-        raise Refusal(f"{key}.short_factor", short, "longrope needs one short factor per "
-                      "rotated pair", expected=f"{rotated // 2} numbers")
+    short, long = rope.get("short_factor"), rope.get("long_factor")
+    for name, value in (("short_factor", short), ("long_factor", short if long is None else long)):
+        if not isinstance(value, list) or len(value) != rotated // 2:
+            raise Refusal(f"{key}.{name}", value, "longrope needs one factor per rotated "
+                          "pair", expected=f"{rotated // 2} numbers")
     scale = sizes["max_position_embeddings"] / original
     attention = rope.get("attention_factor") or (
         math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
-    sizes["max_position_embeddings"] = min(sizes["max_position_embeddings"], original)
-    return RopeScaling("longrope", frequency_factors=tuple(short),
-                       attention_factor=float(attention))
+    return longrope_scaling(tuple(short), None if long is None else tuple(long), original,
+                            float(attention), sizes)
 
 
 # -- Llama, Mistral, Qwen 2/2.5, Qwen 3 ------------------------------------------------------

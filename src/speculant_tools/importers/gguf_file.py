@@ -8,8 +8,9 @@ MatMulNBits computes with exactly (Q4_0, Q3_K) are also kept (``Checkpoint.kept`
 llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` (and their biases) so
 that its rotary kernel rotates adjacent pairs; Hugging Face's Llama rotates halves, so the
 import undoes that permutation (:func:`unpermute_rows`; the ``llama`` architecture's alone).
-Sizes, RoPE scaling (``rope.scaling.type`` linear, or llama3's per-frequency
-``rope_freqs.weight``), the tokenizer, its special tokens, EOS/BOS and the chat template
+Sizes, RoPE scaling (``rope.scaling.type`` linear, llama3's per-frequency
+``rope_freqs.weight``, or Phi-3's longrope factors: :mod:`~speculant_tools.importers.longrope`),
+the tokenizer, its special tokens, EOS/BOS and the chat template
 come from the GGUF's metadata; the biases and an untied ``output.weight`` from the tensors
 the file holds (as llama.cpp reads them).
 """
@@ -42,12 +43,11 @@ from speculant_tools.importers.families import (
 from speculant_tools.importers.gguf_header import REMEDY, check_header, printable
 from speculant_tools.importers.gguf_quant import NBits, can_dequantize, dequantize, nbits_of
 from speculant_tools.importers.gguf_vocab import build_tokenizer, default_add_bos
+from speculant_tools.importers.longrope import LONGROPE, gguf_longrope
 
 ARCHITECTURES = tuple(BY_GGUF_ARCH)
 FAMILIES_REMEDY = "docs/models.md lists the families and fields that import"
 ROPE_FREQS = "rope_freqs.weight"  # llama3 scaling: frequency i divided by rope_freqs[i]
-# longrope (Phi-3 128k): the short factors are baked, the long ones not read
-LONGROPE = ("rope_factors_short.weight", "rope_factors_long.weight")
 ROPE_REMEDY_GGUF = ("remove the scaling keys to run the model at its original context: "
                     "gguf-new-metadata --remove-metadata {key} IN OUT (the gguf package), "
                     "or import the Hugging Face folder after: " + ROPE_REMEDY)
@@ -234,26 +234,6 @@ def _rope_scaling(fields: _Fields, arch: str, tensors: list[Any], rotated: int
     return RopeScaling("factors", frequency_factors=divisors)
 
 
-def _longrope(fields: _Fields, arch: str, tensors: list[Any], sizes: dict[str, Any]
-              ) -> RopeScaling:
-    """llama.cpp's longrope (Phi-3 128k) up to ``rope.scaling.original_context_length``:
-    ``rope_factors_short.weight``'s divisors, ``rope.scaling.attn_factor`` on cos and sin
-    (the converter's sqrt(1 + log(s) / log(original))), the context (``sizes``) capped at
-    the original, as the Hugging Face import reads the same model."""
-    tensor = next(t for t in tensors if t.name == LONGROPE[0])
-    half = (fields.count(f"{arch}.rope.dimension_count", None) or sizes["head_dim"]) // 2
-    if tensor.tensor_type.name != "F32" or [int(n) for n in tensor.shape] != [half]:
-        raise fields.refuse(f"tensors.{LONGROPE[0]}", "the longrope short factors must be one "
-                            "F32 row of head_dim / 2 values", (tensor.tensor_type.name,
-                            [int(n) for n in tensor.shape]), f"F32 [{half}]")
-    original = fields.count(f"{arch}.rope.scaling.original_context_length")
-    sizes["max_position_embeddings"] = min(sizes["max_position_embeddings"], original)
-    with np.errstate(all="ignore"):  # non-finite factors: refused by RopeScaling
-        factors = tuple(float(x) for x in np.asarray(tensor.data, np.float32).reshape(-1))
-    return RopeScaling("longrope", frequency_factors=factors, attention_factor=fields.positive(
-        f"{arch}.rope.scaling.attn_factor", 1.0))
-
-
 def _config(fields: _Fields, arch: str, family: Family, tensors: list[Any]) -> LlamaConfig:
     """The sizes and the family's variations; biases and an untied head as the file's
     tensors declare them (llama.cpp loads them where present)."""
@@ -294,7 +274,7 @@ def _config(fields: _Fields, arch: str, family: Family, tensors: list[Any]) -> L
     if family.has_rope_scaling:
         variations["rope_scaling"] = _rope_scaling(fields, arch, tensors, rotary)
     if LONGROPE[0] in names:
-        variations["rope_scaling"] = _longrope(fields, arch, tensors, sizes)
+        variations["rope_scaling"] = gguf_longrope(fields, arch, tensors, sizes)
     try:
         return LlamaConfig(**sizes, rms_norm_eps=_float32(
             fields, f"{arch}.attention.layer_norm_rms_epsilon"), rope_theta=_float32(
