@@ -78,7 +78,6 @@ class RopeScaling:
                               path="config.rope_scaling.low_freq_factor",
                               value=(self.low_freq_factor, self.high_freq_factor))
 
-
     def _check_long_factors(self) -> None:
         """Long factors: longrope's, as many as the short ones, positive and finite, with
         the original context (an int >= 1) beyond which they serve."""
