@@ -137,10 +137,10 @@ LAYERS = {
 # rises only in a commit that adds a capability and says by how much; any other growth comes
 # with a deletion beside it. The change a commit makes is `git diff --stat`'s to report.
 LAYER_CEILINGS = {
-    "package": 3_642, "tensors": 2_066, "text": 815, "session": 927, "workflow": 2_069,
-    "speculative": 2_981, "engine and API": 2_245, "serve": 1_766,
+    "package": 3_642, "tensors": 2_066, "text": 815, "session": 927, "workflow": 2_083,
+    "speculative": 3_170, "engine and API": 2_248, "serve": 1_766,
 }
-RUNTIME_CEILING = 16_511  # the sum
+RUNTIME_CEILING = 16_717  # the sum
 MODULE_LINE_LIMIT = 500
 
 

@@ -35,6 +35,7 @@ from speculant.speculative.chain_rows import ChainRows
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.decode import choose_route
 from speculant.speculative.draft_model import DraftModel
+from speculant.speculative.draft_rows import DraftRows, can_draft_rows
 from speculant.speculative.kinds import ProposerSources, admit_proposer, build_proposer
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.scheduler import PREFILL_CHUNK, Scheduler
@@ -47,7 +48,7 @@ from speculant.text.chat import (
     load_chat_template,
 )
 from speculant.text.tokenizer import tokenizer_for
-from speculant.workflow.batched_pass import BatchedTargetPass, batch_of, batched_ports
+from speculant.workflow.batched_pass import BatchedTargetPass, open_batched_pass
 from speculant.workflow.cells import StaticPool
 from speculant.workflow.constraint import compile_constraint
 from speculant.workflow.logprobs import Logprobs
@@ -262,17 +263,10 @@ class Engine:
         """The engine's scheduler, made on first use: the target's batched graph, its caches
         (``max_batch`` rows, grown to the rows' reservations) and its loop. A RequestError for a
         package without a batched graph."""
-        package, batch = self.package, batch_of(self.package)
         rows, chunk = self._scheduler_shape
-        static = package.plan.static
-        assert static is not None and static.capacity is not None
-        artifact = str(package.batched_artifact)
-        session = self._make_session(f"{package.plan.target}.batched", artifact,
-                                     batched_ports(package), artifact)
-        target = BatchedTargetPass(package, session, capacity=static.capacity,
-                                   rows=batch.max_rows if rows is None else rows,
-                                   single=self.sessions[package.plan.target])
-        return Scheduler(target, prefill_chunk=chunk)
+        return Scheduler(open_batched_pass(self.package, self._make_session, rows,
+                                           self.sessions[self.package.plan.target]),
+                         prefill_chunk=chunk)
 
     @functools.cached_property
     def chain_rows(self) -> ChainRows:
@@ -287,6 +281,13 @@ class Engine:
                                str(package.artifacts[plan.proposer]))
             for name, made in (("rows", step), ("rows.bootstrap", bootstrap_component(
                 step, plan.chain.carry_output)))))
+
+    @functools.cached_property
+    def draft_rows(self) -> DraftRows | None:
+        """The draft model drafting the scheduler's rows together, made on first use; None
+        where its package has no batched graph of the scheduler's rows (rows draft alone)."""
+        rows = self.scheduler.target.rows
+        return DraftRows(self.draft, rows) if can_draft_rows(self.draft, rows) else None
 
     def submit(self, prompt: Prompt, options: GenerationOptions | int | None = None, /, *,
                inputs: Mapping[str, np.ndarray] | None = None, **fields) -> BatchedDecode:
@@ -404,11 +405,13 @@ class Engine:
                                  vocab_size=self.vocab_size, static_context_cap=plan.context_cap,
                                  never_materialized=self._fused_values())
         sources = self.proposer_sources if batched is None else dataclasses.replace(
-            self.proposer_sources, is_batched=True, chained_rows=lambda: self.chain_rows)
+            self.proposer_sources, is_batched=True, chained_rows=lambda: self.chain_rows,
+            draft_rows=lambda: self.draft_rows)
         kind, k = admit_proposer(sources, request)
         row = batched.reserve(len(prompt_ids), options.max_new_tokens, k if kind else 0) \
             if batched is not None else None
-        proposer, policy = build_proposer(sources, kind, request, k)
+        proposer, policy = build_proposer(dataclasses.replace(sources, row=row), kind,
+                                          request, k)
         stop_ids = set(options.stop_token_ids)
         if options.stop_on_eos:
             stop_ids.update(plan.eos_ids)

@@ -1,9 +1,11 @@
 """The scheduler (speculative/scheduler.py, docs/design/batching.md "The scheduler") on the
 tiny export pair written with ``batch=4``, CPU float32: each request's output decoded with
 others equals its output alone (engine.generate, batch 1) token for token — for every
-proposer (the chained drafter's rows drafted together) and k, with prompts in chunks,
-requests joining and leaving mid-decode, stop strings, cancellation, seeded sampling and
-randomised arrival schedules; each chained row drafts what it drafts alone. Each pass writes
+proposer (the chained drafter's and the draft model's rows drafted together: the draft
+package is written with ``batch=4`` too) and k, with prompts in chunks, requests joining and
+leaving mid-decode, stop strings, cancellation, seeded sampling and randomised arrival
+schedules; each chained row drafts what it drafts alone (each draft-model row:
+test_draft_rows.py). Each pass writes
 only its rows' valid slots. Planted defects (a cursor from another row, padding written, a
 stale length after a rollback, a finished row still counted, a chained row drafting from
 another row's cache) are each caught by the check named in their test."""
@@ -54,7 +56,7 @@ def roots(tmp_path_factory) -> dict[str, Path]:
                                        tokenizer, graph="explicit", cache="static",
                                        batch=ROWS),
             "draft": write_decoder_package(base / "draft", DRAFT_WEIGHTS, DRAFT_CONFIG,
-                                           tokenizer, cache="static"),
+                                           tokenizer, cache="static", batch=ROWS),
             "plain": write_pair_package(base / "plain", TARGET_WEIGHTS, CONFIG,
                                         DRAFTER_WEIGHTS, tokenizer, graph="explicit",
                                         cache="static")}
@@ -494,7 +496,8 @@ class FrozenCosts(StepCosts):
     def observe_pass(self, num_rows: int, width: int, seconds: float) -> None:
         pass
 
-    def observe_proposal(self, kind: str, k: int, seconds: float) -> None:
+    def observe_proposal(self, kind: str, k: int, seconds: float, *,
+                         is_together: bool = False) -> None:
         pass
 
     def observe_outside(self, num_rows: int, seconds: float) -> None:

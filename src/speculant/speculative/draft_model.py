@@ -11,13 +11,15 @@ one pass over ``x[D..C]`` (what it has not consumed, ending with the pending tok
 row gives ``d_1``, then ``k_r − 1`` one-token passes each consuming the previous draft:
 ``k_r`` invocations, after which ``D = C + k_r``. It never consumed ``d_{k_r}``, so after the
 round the stream confirms its first ``D' = C + min(a, k_r)`` positions, which is
-``min(D, C_next)`` with ``C_next = C + a``; it truncates its caches to that at the start of its
-next proposal (nothing runs on it in between), so a fully accepted block leaves it one token
-behind and its next pass consumes two.
+``min(D, C_next)`` with ``C_next = C + a``; it truncates its caches to what the stream still
+confirms at the start of its next proposal (:func:`kept_length`: nothing runs on it in
+between, but a round of width 0 may commit past a draft it rejected), so a fully accepted
+block leaves it one token behind and its next pass consumes two.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 
 from speculant.errors import RequestError
@@ -48,12 +50,18 @@ class DraftModel:
         plan = package.plan
         self.package = package
         self.seam = seam
-        self.session = ComponentSession(
-            plan.target, package.model_source(plan.target),
-            package.document.workflow.components[plan.target].ports, device, seam,
-            use_tf32=use_tf32, outputs_on_host=outputs_on_host,
-            artifact=str(package.artifacts[plan.target]), threads=threads,
-            cuda_graphs=cuda_graphs, overlap=overlap)
+
+        def make_session(name: str, source: bytes | str, ports, artifact: str
+                         ) -> ComponentSession:
+            """A session of one of its graphs (its batched graph's too: draft_rows.py)."""
+            return ComponentSession(name, source, ports, device, seam, use_tf32=use_tf32,
+                                    outputs_on_host=outputs_on_host, artifact=artifact,
+                                    threads=threads, cuda_graphs=cuda_graphs, overlap=overlap)
+
+        self.make_session = make_session
+        self.session = make_session(plan.target, package.model_source(plan.target),
+                                    package.document.workflow.components[plan.target].ports,
+                                    str(package.artifacts[plan.target]))
         self.runner = TargetPass(package.document, plan, self.session)
         self.logits_width = package.logits_width
         self.tokenizer_vocab = load_tokenizer(package.tokenizer_file).vocab_size
@@ -63,11 +71,21 @@ class DraftModel:
     def start(self, request: Request, k: int, *, target_logits_width: int | None,
               target_tokenizer_vocab: int | None,
               is_pooled: bool = True) -> DraftModelProposer:
-        """Admit ``request`` on the draft side and return its proposer:
-        the vocabulary must equal the target's, its groups must allow rolling back
-        ``k − 1`` positions, and its own admission must pass. ``is_pooled``: its static
-        caches are the pool's (requests one at a time); False: its own (requests decoded
-        together)."""
+        """Admit ``request`` on the draft side (:meth:`admit`) and return its proposer.
+        ``is_pooled``: its static caches are the pool's (requests one at a time); False: its
+        own (requests decoded together, one by one: a package without a batched graph)."""
+        admitted = self.admit(request, k, target_logits_width=target_logits_width,
+                              target_tokenizer_vocab=target_tokenizer_vocab)
+        cells = start_cells(self.seam, self.package, num_prompt=len(request.prompt_ids),
+                            max_new_tokens=request.options.max_new_tokens, k=k,
+                            residency=self.session.device, what="draft model's request",
+                            pool=self.static_pool if is_pooled else None)
+        return DraftModelProposer(self, admitted, cells)
+
+    def admit(self, request: Request, k: int, *, target_logits_width: int | None,
+              target_tokenizer_vocab: int | None) -> Admitted:
+        """``request`` on the draft side: the vocabulary must equal the target's, its groups
+        must allow rolling back ``k − 1`` positions, and its own admission must pass."""
         root = str(self.package.root)
         for what, draft_size, target_size in (
                 ("logits width", self.logits_width, target_logits_width),
@@ -94,11 +112,22 @@ class DraftModel:
         except RequestError as exc:
             raise RequestError(f"the draft model cannot take this request: {exc}",
                                path="draft", file=root) from exc
-        cells = start_cells(self.seam, self.package, num_prompt=len(request.prompt_ids),
-                            max_new_tokens=options.max_new_tokens, k=k,
-                            residency=self.session.device, what="draft model's request",
-                            pool=self.static_pool if is_pooled else None)
-        return DraftModelProposer(self, admitted, cells)
+        return admitted
+
+
+def kept_length(confirmed: int, held: Sequence[int], state: DecodeState) -> int:
+    """``D'``: how many of a draft's first slots hold the stream ``x[0..C)``, where its first
+    ``confirmed`` slots do and the next ``len(held)`` hold ``held`` (the drafts its last
+    proposal consumed). After a round that verified them ``D' = min(D, C)``; but a round of
+    width 0 (no proposal: a greedy step, a scheduler step where a row prefills) may commit
+    past a rejected draft before the next proposal, so a held draft counts only where the
+    stream holds it too, and only those before the first that it does not."""
+    kept = confirmed
+    for token in held:
+        if kept >= state.consumed or state.tokens[kept] != token:
+            break
+        kept += 1
+    return min(kept, state.consumed)
 
 
 class DraftModelProposer:
@@ -112,6 +141,7 @@ class DraftModelProposer:
         # empty cells, or its static buffers (allocated once; their length is D)
         self.cells: dict[str, Value] = cells
         self.tokens: list[int] = []  # x[0..D): what the draft has consumed
+        self.confirmed = 0  # its first slots that held the stream at its last proposal
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         """Up to ``k`` drafts, one draft-model pass per draft it chooses (capped by its own
@@ -121,8 +151,8 @@ class DraftModelProposer:
         drafting ends where the grammar can take no more."""
         seam, constraint = state.seam, state.constraint
         # D' = C + min(a, k_r); the bytes it moves count in the decode's rollback_bytes_moved
-        state.stats.rollback_bytes_moved += self._roll_back(min(len(self.tokens),
-                                                                state.consumed)) or 0
+        state.stats.rollback_bytes_moved += self._roll_back(kept_length(
+            self.confirmed, self.tokens[self.confirmed:], state)) or 0
         cap = self.admitted.context_cap
         if cap is not None:  # its caches may reach extent cap - 1, as the target's do
             k = min(k, cap - 1 - state.consumed)
@@ -151,6 +181,7 @@ class DraftModelProposer:
                 pending.append(token)
                 if constraint is not None and constraint.is_finished:
                     break
+        self.confirmed = min(len(self.tokens), state.consumed + 1)  # x[0..C], at most
         return Proposal(drafts, probs or None, num_invocations=num_passes,
                         num_scored_rows=num_passes)
 

@@ -31,10 +31,12 @@ from speculant.package.plan import LoadPlan
 from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
+from speculant.speculative.draft_rows import DraftRows
 from speculant.speculative.prompt_lookup import PromptLookupProposer
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.width import AUTO as AUTO_K
 from speculant.speculative.width import FixedWidth, MeasuredWidth, WidthCosts, WidthPolicy
+from speculant.workflow.cells import RowCells
 from speculant.workflow.request import Request
 
 AUTO = "auto"
@@ -54,10 +56,14 @@ class ProposerSources:
     target_session: ComponentSession | None = None  # observed while k="auto" decodes
     proposing_sessions: tuple[ComponentSession, ...] = ()  # the proposers' sessions, alike
     # requests decoded together (speculative/scheduler.py): only kinds that can run per row,
-    # each draft model with caches of its own (not the engine's pool, kept for one request),
-    # the chained drafter stepping the rows together (made on first use: chain_rows.py)
+    # the chained drafter stepping the rows together (made on first use: chain_rows.py), the
+    # draft model too where its package batches (draft_rows.py; None: each row's draft model
+    # with caches of its own, not the engine's pool, kept for one request); ``row``: the
+    # request's row of the scheduler's caches, reserved
     is_batched: bool = False
     chained_rows: Callable[[], Proposer] | None = None
+    draft_rows: Callable[[], DraftRows | None] | None = None
+    row: RowCells | None = None
 
 
 @dataclass(frozen=True)
@@ -148,10 +154,17 @@ class Draft:
         pass  # the draft side admits the request itself, in build
 
     def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
+        """Batch 1: the request's own draft model; decoded together, its row of the draft
+        model's rows (one batched pass per draft step for every row: draft_rows.py) where
+        the draft package batches and no grammar forces its drafts (drafted one by one as
+        alone), else a draft model with caches of its own."""
         assert sources.draft is not None
-        return sources.draft.start(request, k, target_logits_width=sources.logits_width,
-                                   target_tokenizer_vocab=sources.tokenizer_vocab,
-                                   is_pooled=not sources.is_batched)
+        vocab = {"target_logits_width": sources.logits_width,
+                 "target_tokenizer_vocab": sources.tokenizer_vocab}
+        rows = sources.draft_rows() if sources.draft_rows is not None else None
+        if rows is not None and sources.row is not None and request.options.grammar is None:
+            return rows.start(sources.row, request, k, **vocab)
+        return sources.draft.start(request, k, is_pooled=not sources.is_batched, **vocab)
 
 
 class PromptLookup:

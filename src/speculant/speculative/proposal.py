@@ -57,7 +57,8 @@ class Proposer(Protocol):
 @runtime_checkable
 class RowsProposer(Protocol):
     """A proposer that drafts the rows of a scheduler step together (one run per draft for
-    all of them: the chained drafter, speculative/chain_rows.py)."""
+    all of them: the chained drafter, speculative/chain_rows.py; the draft model,
+    speculative/draft_rows.py)."""
 
     def propose(self, state: DecodeState, k: int) -> Proposal: ...
 

@@ -9,10 +9,10 @@ every decoding row satisfies the decode state's invariant (its row holds exactly
 positions, the pending token is the target's latest choice); a prefilling row holds its first
 ``C < P`` prompt positions. A step's rounds are the reference round (round.py's
 ``launch_host_round``), whose target pass is the row's part of the one batched pass; the
-rows of a proposer that drafts rows together (:class:`RowsProposer`: the chained drafter)
-are drafted first, one run of it per draft for all of them, each round then proposing its
-row's drafts as host tokens. Its ``k="auto"`` rows draft as far as the width the step's
-:class:`StepWidth` chooses by load.
+rows of a proposer that drafts rows together (:class:`RowsProposer`: the chained drafter,
+the draft model of a package that batches) are drafted first, one run of it per draft for
+all of them, each round then proposing its row's drafts as host tokens. Its ``k="auto"``
+rows draft as far as the width the step's :class:`StepWidth` chooses by load.
 """
 
 from __future__ import annotations

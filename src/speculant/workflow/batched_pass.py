@@ -14,7 +14,7 @@ window), checked before each run; the scheduler keeps ``W`` within it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +101,20 @@ def batched_ports(package: Package) -> Ports:
     cursor = ports.inputs[plan.static.write_indices_ports[plan.target]]
     return ports.model_copy(update={"inputs": {**ports.inputs,
                                                batch.block_lengths_port: cursor}})
+
+
+def open_batched_pass(package: Package, make_session: Callable[..., ComponentSession],
+                      rows: int | None, single: ComponentSession) -> BatchedTargetPass:
+    """The package's batched graph as a pass of ``rows`` rows (None: its ``max_rows``) over
+    rows of its caches' capacity, in a session of its own: ``make_session(name, source,
+    ports, artifact)``; ``single``: its batch-1 session (:class:`BatchedTargetPass`)."""
+    batch, static = batch_of(package), package.plan.static
+    assert static is not None and static.capacity is not None
+    artifact = str(package.batched_artifact)
+    session = make_session(f"{package.plan.target}.batched", artifact, batched_ports(package),
+                           artifact)
+    return BatchedTargetPass(package, session, capacity=static.capacity, single=single,
+                             rows=batch.max_rows if rows is None else rows)
 
 
 class BatchedTargetPass:
