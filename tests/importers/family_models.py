@@ -323,15 +323,15 @@ def reference_logits(cfg: dict, weights: dict[str, np.ndarray], ids: list[int],
 
 
 # -- the package's logits, through its own caches ----------------------------------------
-def package_logits(root: Path, ids: list[int], prefill: int, capacity: int = 32
-                   ) -> np.ndarray:
+def package_logits(root: Path, ids: list[int], prefill: int, capacity: int = 32,
+                   provider: str = "CPUExecutionProvider") -> np.ndarray:
     """Logits [T, vocab] float64 of ``root``'s decoder: ``ids[:prefill]`` in one pass, then
     one token per pass, each pass fed the caches the previous one returned (appended: the
     presents; static: the buffers, ``cache_lengths`` the tokens before the pass)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(root / "decoder" / "model.onnx"), options,
-                                   providers=["CPUExecutionProvider"])
+                                   providers=[provider])
     inputs = {i.name: i for i in session.get_inputs()}
     is_static = "cache_lengths" in inputs
     dtype = np.float16 if "float16" in inputs["past_key_values.0.key"].type else np.float32
