@@ -6,6 +6,7 @@ default k, its request check and its builder (STYLE habit 5).
 | ``chained`` | ChainedProposer (per engine) | the ``speculative`` section | max_proposal_width |
 | ``draft`` | DraftModelProposer (per request) | ``load(..., draft=PATH)`` | rollback_positions |
 | ``prompt_lookup`` | PromptLookupProposer | nothing (no model) | rollback_positions |
+| ``lookup_chained`` | LookupChainedProposer (per request) | ``speculative`` | max_proposal_width |
 
 (``rollback_positions``: the smallest of the target's state groups.)
 
@@ -32,6 +33,7 @@ from speculant.session.session import ComponentSession
 from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.draft_model import DraftModel
 from speculant.speculative.draft_rows import DraftRows
+from speculant.speculative.lookup_chained import LookupChainedProposer
 from speculant.speculative.prompt_lookup import PromptLookupProposer
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.width import AUTO as AUTO_K
@@ -185,8 +187,21 @@ class PromptLookup:
         return PromptLookupProposer(*request.options.ngram_range)
 
 
-KINDS: dict[str, ProposerKind] = {kind.name: kind for kind in (Chained(), Draft(),
-                                                               PromptLookup())}
+class LookupChained(Chained):
+    """The chained drafter's bound, default and checks; each round prompt lookup's drafts
+    where a 2- or 3-gram recurs (speculative/lookup_chained.py)."""
+
+    name = "lookup_chained"
+    help = "prompt lookup where the context repeats, the chained drafter elsewhere"
+    can_batch = False  # the scheduler's chained rows draft together (chain_rows.py)
+
+    def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
+        assert sources.chained is not None
+        return LookupChainedProposer(sources.chained, *request.options.ngram_range)
+
+
+KINDS: dict[str, ProposerKind] = {kind.name: kind for kind in (
+    Chained(), Draft(), PromptLookup(), LookupChained())}
 NAMES = tuple(KINDS)  # every name a request, the CLI and the bench may use
 
 
