@@ -106,7 +106,7 @@ def mismatches(engine: speculant.Engine, prompts: Sequence[Sequence[int]],
 
 
 GREEDY_CASES = [(None, None), *[(proposer, k) for proposer in ("prompt_lookup", "draft",
-                                                                 "chained")
+                                                                 "chained", "lookup_chained")
                                  for k in (1, 2, 4, "auto")]]
 
 
@@ -122,6 +122,34 @@ def test_each_request_decoded_together_equals_its_output_alone(engines, rows, ch
             speculant.GenerationOptions(**o) for o in options[:3]])]
         assert sum(s.rounds for s in stats) > 0
         assert all(s.rollback_bytes_moved == 0 for s in stats)
+
+
+def test_lookup_chained_rows_draft_alone_or_with_the_chained_rows(engines, monkeypatch):
+    """``lookup_chained`` decoded together: a row whose last 2 or 3 tokens recur drafts its
+    lookup continuation itself, every other row is drafted with the step's chained rows
+    (``ChainRows.propose_rows``); both happen, and each request equals its output alone."""
+    from speculant.speculative.lookup_chained import LookupChainedProposer
+
+    engine = engines()
+    options = [{"max_new_tokens": n, "proposer": "lookup_chained", "k": 4} for n in MAX_NEW]
+    for prompt, one in zip(PROMPTS, options, strict=True):
+        alone(engine, prompt, **one)  # batch 1 first: the spies below see the scheduler only
+    seen = {"lookup": 0, "chained rows": 0}
+    ahead, rows = LookupChainedProposer.propose_ahead, chain_rows.ChainRows.propose_rows
+
+    def spy_ahead(self, state, k):
+        found = ahead(self, state, k)
+        seen["lookup"] += found is not None
+        return found
+
+    def spy_rows(self, requests):
+        seen["chained rows"] += len(requests)
+        return rows(self, requests)
+
+    monkeypatch.setattr(LookupChainedProposer, "propose_ahead", spy_ahead)
+    monkeypatch.setattr(chain_rows.ChainRows, "propose_rows", spy_rows)
+    assert mismatches(engine, PROMPTS, options) == []
+    assert seen["lookup"] > 0 and seen["chained rows"] > 0, seen
 
 
 # -- the chained drafter steps its rows together (chain_rows.py) -----------------------------

@@ -193,11 +193,10 @@ class LookupChained(Chained):
 
     name = "lookup_chained"
     help = "prompt lookup where the context repeats, the chained drafter elsewhere"
-    can_batch = False  # the scheduler's chained rows draft together (chain_rows.py)
 
     def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
-        assert sources.chained is not None
-        return LookupChainedProposer(sources.chained, *request.options.ngram_range)
+        return LookupChainedProposer(super().build(sources, request, k),
+                                     *request.options.ngram_range)
 
 
 KINDS: dict[str, ProposerKind] = {kind.name: kind for kind in (

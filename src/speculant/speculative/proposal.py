@@ -69,6 +69,20 @@ class RowsProposer(Protocol):
         ...
 
 
+@runtime_checkable
+class RowsFallback(Protocol):
+    """A proposer that drafts a row itself where it can and leaves the others to
+    :attr:`rows`, which drafts them with the step's other rows (lookup_chained.py)."""
+
+    rows: RowsProposer
+
+    def propose(self, state: DecodeState, k: int) -> Proposal: ...
+
+    def propose_ahead(self, state: DecodeState, k: int) -> Proposal | None:
+        """Its own drafts for this row, or None: :attr:`rows` drafts it."""
+        ...
+
+
 HOST_ROUNDS, STEPS, QUEUED_ROUNDS = "host", "step", "queued"  # how a round is launched
 
 

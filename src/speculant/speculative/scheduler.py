@@ -24,7 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from speculant.errors import AdmissionError, SpeculantError
-from speculant.speculative.proposal import LaunchedRound, Proposal, Proposer, RowsProposer
+from speculant.speculative.proposal import (
+    LaunchedRound,
+    Proposal,
+    Proposer,
+    RowsFallback,
+    RowsProposer,
+)
 from speculant.speculative.round import launch_host_round
 from speculant.speculative.step_width import StepWidth
 from speculant.speculative.width import WidthPolicy
@@ -243,16 +249,22 @@ class Scheduler:
 
     def _draft_rows(self, widths: dict[Entry, int]) -> dict[Entry, Drafted]:
         """The drafts of every row whose proposer drafts rows together, one
-        ``propose_rows`` per proposer: a row's error ends it alone, a failed run every row
+        ``propose_rows`` per proposer (a :class:`RowsFallback` row joins its ``rows``
+        where it does not draft alone): a row's error ends it alone, a failed run every row
         of that proposer."""
-        groups: dict[int, list[Entry]] = {}
-        for entry, k in widths.items():
-            if k and isinstance(entry.proposer, RowsProposer):
-                groups.setdefault(id(entry.proposer), []).append(entry)
+        groups: dict[int, tuple[RowsProposer, list[Entry]]] = {}
         drafted = {}
-        for entries in groups.values():
-            proposer = entries[0].proposer
-            assert isinstance(proposer, RowsProposer)
+        for entry, k in widths.items():
+            proposer = entry.proposer
+            if k and isinstance(proposer, RowsFallback):  # its own drafts, else its rows'
+                found = proposer.propose_ahead(entry.state, k)
+                if found is not None:
+                    drafted[entry] = Drafted(found)
+                    continue
+                proposer = proposer.rows
+            if k and isinstance(proposer, RowsProposer):
+                groups.setdefault(id(proposer), (proposer, []))[1].append(entry)
+        for proposer, entries in groups.values():
             try:
                 proposals = proposer.propose_rows([(e.state, widths[e]) for e in entries])
             except SpeculantError as error:
