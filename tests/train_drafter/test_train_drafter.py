@@ -22,7 +22,7 @@ from speculant.text.chat import ChatTemplate  # noqa: E402
 from speculant.text.tokenizer import Tokenizer  # noqa: E402
 from speculant_tools.export import LlamaConfig, drafter_shapes, read_weights  # noqa: E402
 from speculant_tools.importers import read_drafter  # noqa: E402
-from speculant_tools.train_drafter.corpus import load_corpus  # noqa: E402
+from speculant_tools.train_drafter.corpus import Corpus, load_corpus, save_corpus  # noqa: E402
 from speculant_tools.train_drafter.magpie import ChatPrompts, normalized  # noqa: E402
 
 DRAFT_VOCAB = 40  # of the tiny target's 74 ids: the subset vocabulary
@@ -191,3 +191,33 @@ def test_resume_refuses_another_seed(tmp_path, tiny_package, trained_eagle3):
     result = runner.invoke(app, ["train-drafter", str(tiny_package), str(out), *SMOKE,
                                  "--resume"])
     assert result.exit_code != 0 and "--features" in result.output
+
+
+def test_a_resumed_call_answers_what_the_first_calls_budget_left(tmp_path, tiny_package):
+    """A corpus whose data budget ended early (half of its greedy answers and all of its
+    sampled ones taken away, as a short budget leaves it) is completed by the next resumed
+    call: the greedy answers come back token for token, the sampled pass is made again, and
+    the requests and held-out streams stay as they were; --no-grow-corpus leaves it."""
+    out = tmp_path / "out"
+    train_drafter_cli(tiny_package, out, *SMOKE)
+    folder = out / "corpus"
+    fingerprint = json.loads((folder / "state.json").read_text())["fingerprint"]
+    full = load_corpus(folder, fingerprint)
+    greedy = [e for e in full.train if not e["is_sampled"]]
+    assert len(greedy) >= 4 and any(e["is_sampled"] for e in full.train)
+    short = Corpus(full.requests, greedy[::2], full.held_out,
+                   {**full.stats, "train_examples": len(greedy[::2])})
+    save_corpus(folder, short, fingerprint)
+    train_drafter_cli(tiny_package, out, *SMOKE, "--resume", "--no-grow-corpus")
+    assert len(load_corpus(folder, fingerprint).train) == len(greedy[::2])
+    train_drafter_cli(tiny_package, out, *SMOKE, "--resume")
+    grown = load_corpus(folder, fingerprint)
+
+    def answers(examples, sampled):
+        return sorted(tuple(e["ids"]) for e in examples if e["is_sampled"] == sampled)
+
+    assert answers(grown.train, False) == answers(full.train, False)
+    assert len(answers(grown.train, True)) == len(answers(full.train, True))
+    assert grown.held_out == full.held_out and grown.requests == full.requests
+    report = json.loads((out / "drafter_report.json").read_text())
+    assert report["corpus"]["train_examples"] == len(grown.train)

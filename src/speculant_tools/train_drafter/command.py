@@ -50,6 +50,9 @@ def train_drafter_command(
     = DEFAULTS.generation_batch,
     data_share: Annotated[float, typer.Option(help="Share of --minutes the corpus may take.")]
     = DEFAULTS.data_share,
+    grow_corpus: Annotated[bool, typer.Option(
+        help="With --resume: answer the training requests an earlier call's data budget left "
+             "(within --data-share).")] = DEFAULTS.grow_corpus,
     num_eval: Annotated[int, typer.Option(help="Held-out requests that measure acceptance.")]
     = DEFAULTS.num_eval,
     eval_tokens: Annotated[int, typer.Option(help="Tokens of each held-out greedy stream.")]
@@ -95,7 +98,8 @@ def train_drafter_command(
         request_tokens=request_tokens, keep_unfinished_requests=keep_unfinished_requests,
         held_out_fraction=held_out_fraction, answer_tokens=answer_tokens,
         sampled_passes=sampled_passes, generation_batch=generation_batch,
-        data_share=data_share, num_eval=num_eval, eval_tokens=eval_tokens,
+        data_share=data_share, grow_corpus=grow_corpus, num_eval=num_eval,
+        eval_tokens=eval_tokens,
         draft_vocab_size=draft_vocab_size, drafter_intermediate_size=drafter_intermediate_size,
         features=features, unroll=unroll, teacher_forcing_weight=teacher_forcing_weight,
         batch_size=batch_size,

@@ -8,7 +8,9 @@ Stages: requests (Magpie: the user-turn opener of a category cue, sampled at tem
 top-p 0.95; ``magpie.clean_requests`` then ``magpie.split_by_request``), the held-out greedy
 streams (float32, ``eval_tokens`` long: the evaluation and the validation loss), then the
 training answers: one greedy answer to every training request, then ``sampled_passes``
-sampled ones (temperature 0.7, top-p 0.95) while the data budget lasts.
+sampled ones (temperature 0.7, top-p 0.95) while the data budget lasts. A resumed call
+whose corpus stopped short (its budget ended first) goes on answering within its own data
+budget (:func:`grow_corpus`).
 
 On disk: ``requests.jsonl`` (text, category, held_out), ``train.npz`` and ``held_out.npz``
 (``tokens`` uint32 flat, ``offsets``, ``prompt_lens``, ``is_sampled``) and ``state.json``
@@ -103,6 +105,50 @@ def make_corpus(folder: Path, fingerprint: str, chat: ChatPrompts, data_target: 
     corpus.stats["answer_tokens"] = corpus.num_answer_tokens
     save_corpus(folder, corpus, fingerprint)
     return corpus
+
+
+def grow_corpus(folder: Path, corpus: Corpus, fingerprint: str, chat: ChatPrompts,
+                data_target: TorchLlama, stop_ids: set[int], options: TrainOptions,
+                deadline: float, progress: Progress) -> Corpus:
+    """A resumed call goes on where an earlier call's data budget ended: the greedy answer
+    of every training request still without one, then the sampled passes still short,
+    before ``deadline``; saved again where anything was added. The requests and the
+    held-out streams never change, so the split and the evaluation stay the same."""
+    started = time.time()
+    trained = [r for r in corpus.requests if not r.is_held_out]
+    prompts = [tuple(chat.answer_prompt(r.text)) for r in trained]
+    greedy_done = {tuple(e["ids"][:e["prompt_len"]]) for e in corpus.train
+                   if not e["is_sampled"]}
+    sampled: dict[tuple[int, ...], int] = {}
+    for e in corpus.train:
+        if e["is_sampled"]:
+            key = tuple(e["ids"][:e["prompt_len"]])
+            sampled[key] = sampled.get(key, 0) + 1
+    generator = torch.Generator(device=data_target.embed.device).manual_seed(
+        options.seed + len(corpus.train))
+    added = answer(data_target, chat, [r for r, p in zip(trained, prompts, strict=True)
+                                       if p not in greedy_done],
+                   options.answer_tokens, stop_ids, GREEDY, generator,
+                   options.generation_batch, deadline,
+                   lambda done, total: progress("greedy answers (more)", done, total))
+    for index in range(options.sampled_passes):
+        short = [r for r, p in zip(trained, prompts, strict=True) if sampled.get(p, 0) <= index]
+        if time.time() >= deadline or not short:
+            continue
+        added += answer(data_target, chat, short, options.answer_tokens, stop_ids,
+                        ANSWER_SAMPLING, generator, options.generation_batch, deadline,
+                        lambda done, total, i=index: progress(
+                            f"sampled answers, pass {i + 1} (more)", done, total))
+    if not added:
+        return corpus
+    train = corpus.train + added
+    stats = {**corpus.stats, "train_examples": len(train),
+             "sampled_examples": sum(e["is_sampled"] for e in train),
+             "seconds": round(corpus.stats.get("seconds", 0.0) + time.time() - started, 2)}
+    grown = Corpus(corpus.requests, train, corpus.held_out, stats)
+    grown.stats["answer_tokens"] = grown.num_answer_tokens
+    save_corpus(folder, grown, fingerprint)
+    return grown
 
 
 def sample_requests(chat: ChatPrompts, target: TorchLlama, options: TrainOptions,

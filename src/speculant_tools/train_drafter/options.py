@@ -34,6 +34,7 @@ class TrainOptions:
     sampled_passes: int = 2  # sampled answers to every training request, after the greedy ones
     generation_batch: int = 2048  # prompts decoded at once
     data_share: float = 0.5  # of the budget, at most, for the corpus
+    grow_corpus: bool = True  # a resumed call answers what an earlier call's budget left
     num_eval: int = 64  # held-out requests whose greedy streams measure acceptance
     eval_tokens: int = 128  # the longest held-out greedy stream (the report's max_new_tokens)
     # -- the drafter and its training -----------------------------------------------------

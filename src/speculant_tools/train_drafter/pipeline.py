@@ -32,7 +32,7 @@ from speculant.text.tokenizer import Tokenizer
 from speculant_tools.export.package import tokenizer_facts
 from speculant_tools.train_drafter import export
 from speculant_tools.train_drafter.acceptance import measure_acceptance
-from speculant_tools.train_drafter.corpus import load_corpus, make_corpus
+from speculant_tools.train_drafter.corpus import grow_corpus, load_corpus, make_corpus
 from speculant_tools.train_drafter.drafter import ChainedDrafter, seed_layers
 from speculant_tools.train_drafter.llama import TorchLlama
 from speculant_tools.train_drafter.magpie import ChatPrompts
@@ -94,12 +94,17 @@ def train_drafter(package: str | Path, out: str | Path,
         stage_started = time.time()
         fingerprint = _fingerprint(source)
         corpus = load_corpus(out / "corpus", fingerprint)
+        data_deadline = started + options.data_share * options.minutes * 60
+
+        def data_progress(stage: str, done: int, total: int) -> None:
+            show(stage, done, total, f"{done}/{total}")
+
         if corpus is None:
             corpus = make_corpus(out / "corpus", fingerprint, chat, data_target, exact,
-                                 stop_ids, options,
-                                 started + options.data_share * options.minutes * 60,
-                                 lambda stage, done, total: show(stage, done, total,
-                                                                 f"{done}/{total}"))
+                                 stop_ids, options, data_deadline, data_progress)
+        elif options.grow_corpus:
+            corpus = grow_corpus(out / "corpus", corpus, fingerprint, chat, data_target,
+                                 stop_ids, options, data_deadline, data_progress)
         timings["corpus"] = round(time.time() - stage_started, 2)
 
         width = options.drafter_intermediate_size or config.intermediate_size
