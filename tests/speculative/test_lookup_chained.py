@@ -1,8 +1,9 @@
-"""``lookup_chained``: prompt lookup's drafts where a 2- or 3-gram of the stream recurs, the
-chained drafter's elsewhere, chosen each round (speculative/lookup_chained.py). Its output
-is the target's (greedy == plain greedy; seeded sampling == plain seeded sampling), and each
-round drafts exactly what the rule names: the n-gram continuation, else the chained
-drafter's own proposal from the same state."""
+"""``lookup_chained``: each round drafts with prompt lookup (the continuation of the last 2-3
+tokens, or of the last token alone) or the chained drafter, whichever this request's own
+rounds say drafts better (speculative/lookup_chained.py). Its output is the target's
+(greedy == plain greedy; seeded sampling == plain seeded sampling); each round's drafts are
+exactly its chosen source's; the choice follows the measured averages (SourceChoice on
+literal streams)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,31 @@ from chain_helpers import MAX_NEW, PROMPTS
 from test_prompt_lookup import REPETITIVE
 
 from speculant import GenerationOptions
-from speculant.speculative import lookup_chained
 from speculant.speculative.chained import ChainedProposer
-from speculant.speculative.lookup_chained import LookupChainedProposer
+from speculant.speculative.lookup_chained import (
+    CHAINED,
+    LOOKUP,
+    LOOKUP1,
+    PRIORS,
+    WEIGHT,
+    LookupChainedProposer,
+    SourceChoice,
+)
 from speculant.speculative.prompt_lookup import NgramIndex
 
 ALL_PROMPTS = (*PROMPTS, *REPETITIVE)
 
 
 def _recording(monkeypatch) -> list[tuple[str, list[int], list[int], int]]:
-    """Every round's (path, stream, drafts, k) as the proposer chose them."""
+    """Every round's (source, stream, drafts, k) as the proposer chose them."""
     rounds: list[tuple[str, list[int], list[int], int]] = []
     propose = LookupChainedProposer.propose
 
     def spy(self, state, k):
-        before = self.lookup_rounds
+        before = dict(self.choice.rounds)
         proposal = propose(self, state, k)
-        path = "lookup" if self.lookup_rounds > before else "chained"
-        rounds.append((path, list(state.tokens), list(proposal.tokens), k))
+        source, = [s for s in before if self.choice.rounds[s] > before[s]]
+        rounds.append((source, list(state.tokens), list(proposal.tokens), k))
         return proposal
 
     monkeypatch.setattr(LookupChainedProposer, "propose", spy)
@@ -43,13 +51,14 @@ def test_lookup_chained_commits_the_greedy_stream(pair_engine, plain_greedy, mon
         result = engine.generate(list(prompt), GenerationOptions(
             max_new_tokens=MAX_NEW, proposer="lookup_chained", k=k))
         assert result.token_ids == plain_greedy(prompt)
-    paths = {path for path, *_ in rounds}
-    assert paths == {"lookup", "chained"}, f"rounds drafted by {paths} only"
+    sources = {source for source, *_ in rounds}
+    assert CHAINED in sources and sources & {LOOKUP, LOOKUP1}, sources
 
 
-def test_each_round_drafts_what_the_rule_names(pair_engine, monkeypatch):
-    """A round where a 2- or 3-gram recurs drafts its continuation; every other round drafts
-    what the engine's chained drafter drafts from the same state."""
+def test_each_round_drafts_its_chosen_sources_drafts(pair_engine, monkeypatch):
+    """A lookup round drafts the continuation of the last 2-3 tokens (``lookup``) or, where
+    none recurs, of the last token (``lookup1``); a chained round drafts what the engine's
+    chained drafter drafts from the same state."""
     rounds = _recording(monkeypatch)
     chained_calls: list[list[int]] = []
     chained_propose = ChainedProposer.propose
@@ -65,27 +74,15 @@ def test_each_round_drafts_what_the_rule_names(pair_engine, monkeypatch):
         engine.generate(list(prompt), GenerationOptions(
             max_new_tokens=MAX_NEW, proposer="lookup_chained", k=4))
     chained = iter(chained_calls)
-    for path, stream, drafts, k in rounds:
-        expected = NgramIndex(2, 3).drafts(stream, k)
-        if expected:
-            assert (path, drafts) == ("lookup", expected)
+    for source, stream, drafts, k in rounds:
+        long = NgramIndex(2, 3).drafts(stream, k)
+        if source == LOOKUP:
+            assert drafts == long and drafts
+        elif source == LOOKUP1:
+            assert not long and drafts == NgramIndex(1, 1).drafts(stream, k) and drafts
         else:
-            assert (path, drafts) == ("chained", next(chained))
+            assert drafts == next(chained)
     assert next(chained, None) is None  # the chained drafter ran in those rounds alone
-    assert {path for path, *_ in rounds} == {"lookup", "chained"}
-
-
-def test_a_single_token_match_is_not_drafted(pair_engine, monkeypatch):
-    """The planted defect (lookup from 1-gram matches, prompt lookup's own range) drafts
-    rounds the rule gives to the chained drafter, which the test above would catch."""
-    rounds = _recording(monkeypatch)
-    monkeypatch.setattr(lookup_chained, "MIN_MATCH", 1)
-    engine = pair_engine()
-    for prompt in ALL_PROMPTS:
-        engine.generate(list(prompt), GenerationOptions(
-            max_new_tokens=MAX_NEW, proposer="lookup_chained", k=4))
-    assert any(path == "lookup" and not NgramIndex(2, 3).drafts(stream, k)
-               for path, stream, _, k in rounds)
 
 
 def test_seeded_sampling_equals_plain_seeded_sampling(pair_engine):
@@ -96,3 +93,38 @@ def test_seeded_sampling_equals_plain_seeded_sampling(pair_engine):
         spec = engine.generate(list(prompt), GenerationOptions(
             **options, proposer="lookup_chained", k=4))
         assert spec.token_ids == plain.token_ids
+
+
+# -- the choice, on literal streams ----------------------------------------------------------
+def test_a_continuation_is_scored_by_its_leading_matches_once_the_stream_decides():
+    choice = SourceChoice(pending=[(3, [5, 6, 7], LOOKUP1)])
+    choice.settle([1, 2, 3, 5, 6], passes=0)  # all known so far match: undecided
+    assert choice.pending and choice.accepted[LOOKUP1] == PRIORS[LOOKUP1]
+    choice.settle([1, 2, 3, 5, 6, 9], passes=0)  # the third draft would have been rejected
+    assert not choice.pending
+    assert choice.accepted[LOOKUP1] == pytest.approx(PRIORS[LOOKUP1] * (1 - WEIGHT) + 2 * WEIGHT)
+    choice = SourceChoice(pending=[(2, [8, 8], LOOKUP)])
+    choice.settle([1, 2, 4], passes=0)  # rejected at once: decided early
+    assert choice.accepted[LOOKUP] == pytest.approx(PRIORS[LOOKUP] * (1 - WEIGHT))
+
+
+def test_a_chained_round_is_scored_where_one_pass_ran_since():
+    choice = SourceChoice(chained=(10, 4, 7))
+    choice.settle(list(range(13)), passes=8)  # a = 3: two drafts accepted
+    assert choice.accepted[CHAINED] == pytest.approx(PRIORS[CHAINED] * (1 - WEIGHT) + 2 * WEIGHT)
+    choice = SourceChoice(chained=(10, 4, 7))
+    choice.settle(list(range(13)), passes=9)  # a greedy step ran too: the advance is not a's
+    assert choice.accepted[CHAINED] == PRIORS[CHAINED] and choice.chained is None
+
+
+def test_the_best_average_drafts_and_lookup_wins_ties():
+    choice = SourceChoice()
+    assert choice.choose({LOOKUP: [1], LOOKUP1: []}) == LOOKUP  # a tie with the drafter
+    assert choice.choose({LOOKUP: [], LOOKUP1: [1]}) == CHAINED  # the drafter's prior
+    for _ in range(6):  # the drafter's rounds accept nothing; one-token lookups would 2
+        choice.chained = (0, 4, 0)
+        choice.settle([0], passes=1)
+        choice.pending.append((0, [5, 6, 7], LOOKUP1))
+        choice.settle([5, 6, 9], passes=0)
+    assert choice.choose({LOOKUP1: [1]}) == LOOKUP1
+    assert choice.choose({}) == CHAINED  # no continuation: the drafter
