@@ -101,7 +101,8 @@ def test_the_bare_run_and_the_runtime_overhead(report):
 
 def test_greedy_and_every_proposer_at_every_k_ran(report):
     names = [r["name"] for r in report["runners"]]
-    assert names == ["greedy", *(f"{p} k={k}" for p in ("chained", "draft", "prompt_lookup")
+    assert names == ["greedy", *(f"{p} k={k}" for p in ("chained", "draft", "prompt_lookup",
+                                                         "lookup_chained")
                                  for k in (1, 2, 4, 8, "auto"))]
     assert report["skipped"] == []
     assert report["prompts"]["count"] == 3 and report["prompts"]["source"].endswith(".json")
@@ -184,7 +185,7 @@ def test_unavailable_runners_give_the_engine_reason(pair_path, bench_run):
 def test_the_bundled_prompts_and_every_runner_through_the_api(bench_run):
     assert bench_run.prompts.source.startswith("bundled") and len(bench_run.prompts.prompts) == 8
     assert [r.runner.name for r in bench_run.results][:2] == ["greedy", "chained k=1"]
-    assert len(bench_run.results) == 1 + 3 * 5 and bench_run.skipped == []  # k 1 2 4 8 auto
+    assert len(bench_run.results) == 1 + 4 * 5 and bench_run.skipped == []  # k 1 2 4 8 auto
 
 
 def test_the_table_shows_the_bare_run_and_the_overhead(cli_bench):

@@ -291,7 +291,7 @@ def test_seam_sampling_ops_refuse_bad_arguments(call, words):
 
 # -- end to end -----------------------------------------------------------------------------------
 def test_every_proposer_kind_has_one_entry_under_its_one_spelling():
-    assert list(KINDS) == ["chained", "draft", "prompt_lookup"]
+    assert list(KINDS) == ["chained", "draft", "prompt_lookup", "lookup_chained"]
     assert all(kind.name == name for name, kind in KINDS.items())
 
 

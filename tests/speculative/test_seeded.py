@@ -28,7 +28,7 @@ from speculant.tensors.sampling import (
     seed_key,
 )
 
-PROPOSERS = ("chained", "draft", "prompt_lookup")
+PROPOSERS = ("chained", "draft", "prompt_lookup", "lookup_chained")
 WIDTHS = (1, 2, 4, 8, "auto")
 DEMO = Path(speculant.__file__).parent / "demo"
 DEMO_DRAFT = Path(speculant.__file__).parent / "demo_draft"
@@ -37,7 +37,7 @@ DEMO_DRAFT = Path(speculant.__file__).parent / "demo_draft"
 @pytest.fixture(scope="module")
 def engines(pair_engine, draft_engine, decoder8_root):
     return {"chained": pair_engine(), "draft": draft_engine(deviation_positions=DRAFT_DEVIATIONS),
-            "prompt_lookup": speculant.load(decoder8_root)}
+            "prompt_lookup": speculant.load(decoder8_root), "lookup_chained": pair_engine()}
 
 
 @pytest.fixture(scope="module")

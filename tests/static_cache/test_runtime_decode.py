@@ -38,7 +38,7 @@ def test_static_greedy_equals_appended_greedy(pairs, form):
 
 
 @pytest.mark.parametrize("k", KS)
-@pytest.mark.parametrize("proposer", ["chained", "draft", "prompt_lookup"])
+@pytest.mark.parametrize("proposer", ["chained", "draft", "prompt_lookup", "lookup_chained"])
 def test_speculative_equals_greedy_on_static_caches(pairs, draft_packages, static_root,
                                                     greedy_tokens, proposer, k):
     """Token for token the appended greedy decode, with the same rounds as the appended
