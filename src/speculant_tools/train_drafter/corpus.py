@@ -81,16 +81,8 @@ def make_corpus(folder: Path, fingerprint: str, chat: ChatPrompts, data_target: 
     held_out = answer(exact_target, chat, held, options.eval_tokens, stop_ids, GREEDY,
                       generator, min(options.generation_batch, 64), float("inf"),
                       lambda done, total: progress("held-out greedy streams", done, total))
-    train = answer(data_target, chat, trained, options.answer_tokens, stop_ids, GREEDY,
-                   generator, options.generation_batch, deadline,
-                   lambda done, total: progress("greedy answers", done, total))
-    for index in range(options.sampled_passes):
-        if time.time() >= deadline:
-            break
-        train += answer(data_target, chat, trained, options.answer_tokens, stop_ids,
-                        ANSWER_SAMPLING, generator, options.generation_batch, deadline,
-                        lambda done, total, i=index: progress(f"sampled answers, pass {i + 1}",
-                                                              done, total))
+    train = answer_missing(data_target, chat, trained, [], stop_ids, options, generator,
+                           deadline, progress)
     if not train:
         raise TrainDrafterError("no training answer was made within the data budget",
                                 path="--minutes", value=options.minutes,
@@ -110,35 +102,16 @@ def make_corpus(folder: Path, fingerprint: str, chat: ChatPrompts, data_target: 
 def grow_corpus(folder: Path, corpus: Corpus, fingerprint: str, chat: ChatPrompts,
                 data_target: TorchLlama, stop_ids: set[int], options: TrainOptions,
                 deadline: float, progress: Progress) -> Corpus:
-    """A resumed call goes on where an earlier call's data budget ended: the greedy answer
-    of every training request still without one, then the sampled passes still short,
-    before ``deadline``; saved again where anything was added. The requests and the
-    held-out streams never change, so the split and the evaluation stay the same."""
+    """A resumed call goes on where an earlier call's data budget ended
+    (:func:`answer_missing`), before ``deadline``; saved again where anything was added.
+    The requests and the held-out streams never change, so the split and the evaluation
+    stay the same."""
     started = time.time()
     trained = [r for r in corpus.requests if not r.is_held_out]
-    prompts = [tuple(chat.answer_prompt(r.text)) for r in trained]
-    greedy_done = {tuple(e["ids"][:e["prompt_len"]]) for e in corpus.train
-                   if not e["is_sampled"]}
-    sampled: dict[tuple[int, ...], int] = {}
-    for e in corpus.train:
-        if e["is_sampled"]:
-            key = tuple(e["ids"][:e["prompt_len"]])
-            sampled[key] = sampled.get(key, 0) + 1
     generator = torch.Generator(device=data_target.embed.device).manual_seed(
         options.seed + len(corpus.train))
-    added = answer(data_target, chat, [r for r, p in zip(trained, prompts, strict=True)
-                                       if p not in greedy_done],
-                   options.answer_tokens, stop_ids, GREEDY, generator,
-                   options.generation_batch, deadline,
-                   lambda done, total: progress("greedy answers (more)", done, total))
-    for index in range(options.sampled_passes):
-        short = [r for r, p in zip(trained, prompts, strict=True) if sampled.get(p, 0) <= index]
-        if time.time() >= deadline or not short:
-            continue
-        added += answer(data_target, chat, short, options.answer_tokens, stop_ids,
-                        ANSWER_SAMPLING, generator, options.generation_batch, deadline,
-                        lambda done, total, i=index: progress(
-                            f"sampled answers, pass {i + 1} (more)", done, total))
+    added = answer_missing(data_target, chat, trained, corpus.train, stop_ids, options,
+                           generator, deadline, progress)
     if not added:
         return corpus
     train = corpus.train + added
@@ -149,6 +122,39 @@ def grow_corpus(folder: Path, corpus: Corpus, fingerprint: str, chat: ChatPrompt
     grown.stats["answer_tokens"] = grown.num_answer_tokens
     save_corpus(folder, grown, fingerprint)
     return grown
+
+
+def answer_missing(target: TorchLlama, chat: ChatPrompts, trained: list[Request],
+                   have: list[dict], stop_ids: set[int], options: TrainOptions,
+                   generator: torch.Generator, deadline: float, progress: Progress
+                   ) -> list[dict]:
+    """The answers ``have`` lacks, before ``deadline``: the greedy answer of every training
+    request without one, then each sampled pass to the requests it has not reached."""
+    prompts = [tuple(chat.answer_prompt(r.text)) for r in trained] if have else None
+    greedy = {tuple(e["ids"][:e["prompt_len"]]) for e in have if not e["is_sampled"]}
+    sampled: dict[tuple[int, ...], int] = {}
+    for e in have:
+        if e["is_sampled"]:
+            key = tuple(e["ids"][:e["prompt_len"]])
+            sampled[key] = sampled.get(key, 0) + 1
+    more = " (more)" if have else ""
+
+    def lacking(done: Callable[[tuple[int, ...]], bool]) -> list[Request]:
+        return trained if prompts is None else [
+            r for r, p in zip(trained, prompts, strict=True) if not done(p)]
+
+    added = answer(target, chat, lacking(greedy.__contains__), options.answer_tokens,
+                   stop_ids, GREEDY, generator, options.generation_batch, deadline,
+                   lambda done, total: progress("greedy answers" + more, done, total))
+    for index in range(options.sampled_passes):
+        if time.time() >= deadline:
+            break
+        added += answer(target, chat, lacking(lambda p, i=index: sampled.get(p, 0) > i),
+                        options.answer_tokens, stop_ids, ANSWER_SAMPLING, generator,
+                        options.generation_batch, deadline,
+                        lambda done, total, i=index: progress(
+                            f"sampled answers, pass {i + 1}{more}", done, total))
+    return added
 
 
 def sample_requests(chat: ChatPrompts, target: TorchLlama, options: TrainOptions,
