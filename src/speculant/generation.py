@@ -1,6 +1,7 @@
-"""One admitted request being decoded (`Decode`, `Stream`; `BatchedDecode`, one decoded with
-others by the scheduler), its result (`Generation`), and the arrival-order turns that keep
-requests to one engine from interleaving (`Turns`; the scheduler's requests take none).
+"""One admitted request being decoded by a scheduler (`BatchedDecode`, with others; `Decode`,
+alone: the one-row scheduler), its text (`Stream`), its result (`Generation`), and the
+arrival-order turns that keep requests decoded alone by one engine from interleaving
+(`Turns`; the engine's scheduler's requests take none).
 
 An open decode holds its engine's turn until it is exhausted, closed (``close()``, the end of
 a ``with`` block) or garbage-collected. A decode left suspended by the thread that last
@@ -11,13 +12,11 @@ would wait forever."""
 from __future__ import annotations
 
 import threading
-import time
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from speculant.errors import RequestError
-from speculant.speculative.decode import decode
+from speculant.speculative.decode import alone
 from speculant.speculative.proposal import Proposer
 from speculant.speculative.round import Route
 from speculant.speculative.scheduler import Entry, Scheduler
@@ -133,96 +132,6 @@ class Turns:
         held.release()
 
 
-class Decode:
-    """An admitted request: iterate for its committed token ids; ``result`` at the end.
-    Holds the engine's turn until exhausted, closed, left by a ``with`` block, collected, or
-    superseded by its thread's next request (the module's docstring)."""
-
-    def __init__(self, state: DecodeState, target: TargetPass, proposer: Proposer | None,
-                 policy: WidthPolicy, route: Route, turn: Turn, tokenizer) -> None:
-        self.state = state
-        self.tokenizer = tokenizer
-        self._tokens: Iterator[int] = decode(state, target, proposer, policy, route)
-        self._turn = turn
-        turn.decode = weakref.ref(self)
-        self._is_superseded = False
-        self._started = time.perf_counter()
-        self._first_at: float | None = None
-        self._ended_at: float | None = None
-
-    def __iter__(self) -> Decode:
-        return self
-
-    def __enter__(self) -> Decode:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __next__(self) -> int:
-        if self._is_superseded:
-            raise RequestError("this stream was closed when the thread that left it suspended "
-                               "sent the engine its next request", path="stream",
-                               remedy="finish or close() a stream before the next request on "
-                                      "its thread (with engine.stream(...) as pieces: ...)")
-        if self._ended_at is not None:
-            raise StopIteration
-        self._turn.holder = threading.get_ident()
-        try:
-            token = next(self._tokens)
-        except BaseException:  # the end, a stop, or an error: the engine is free again
-            self._end()
-            raise
-        if self._first_at is None:
-            self._first_at = time.perf_counter()
-        return token
-
-    @property
-    def stats(self) -> DecodeStats:
-        return self.state.stats
-
-    @property
-    def is_finished(self) -> bool:
-        return self._ended_at is not None
-
-    def close(self) -> None:
-        """Stop decoding now (a client that went away); the engine is free again."""
-        if self._ended_at is None:
-            self.state.stop("closed")
-            self._tokens.close()
-            self._end()
-
-    def supersede(self) -> None:
-        """Close this decode for a later request of the thread that left it suspended; its
-        iteration then raises :class:`RequestError` (``result`` stays readable)."""
-        if self._ended_at is None:
-            self._is_superseded = True
-            self.close()
-
-    @property
-    def result(self) -> Generation:
-        if self._ended_at is None:
-            raise RequestError("the decode has not finished", path="result",
-                               remedy="iterate it to the end, or close() it first")
-        return generation_of(self.state, self.tokenizer, self._started, self._first_at,
-                             self._ended_at)
-
-    def _end(self) -> None:
-        if self._ended_at is None:
-            self._ended_at = time.perf_counter()
-            self.state.stats.stop_reason = self.state.stop_reason
-            self.state.stats.residency = self.state.seam.counters.snapshot()
-            self._turn.release()
-
-    def __del__(self) -> None:  # an abandoned decode must not hold the engine forever
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-        finally:
-            self._turn.release()
-
-
 class BatchedDecode:
     """A request decoded with others by the engine's scheduler (speculative/scheduler.py):
     iterate for its committed token ids — each ``next`` steps the scheduler, every row with
@@ -273,7 +182,7 @@ class BatchedDecode:
     @property
     def result(self) -> Generation:
         entry = self.entry
-        if not entry.is_done:
+        if not entry.is_done and entry.state.is_stopped:
             self.scheduler.step()  # a cancelled request leaves at the next step
         if entry.ended_at is None:
             raise RequestError("the request has not finished", path="result",
@@ -282,6 +191,56 @@ class BatchedDecode:
             raise entry.error
         return generation_of(self.state, self.tokenizer, entry.submitted_at, entry.first_at,
                              entry.ended_at)
+
+
+class Decode(BatchedDecode):
+    """An admitted request decoded alone: a scheduler of one row over the engine's target
+    pass (speculative/decode.py's ``alone``), stepped by each ``next``. Holds the engine's
+    turn until exhausted, closed, left by a ``with`` block, collected, or superseded by its
+    thread's next request (the module's docstring)."""
+
+    def __init__(self, state: DecodeState, target: TargetPass, proposer: Proposer | None,
+                 policy: WidthPolicy, route: Route, turn: Turn, tokenizer) -> None:
+        scheduler, entry = alone(state, target, proposer, policy, route)
+        super().__init__(entry, scheduler, tokenizer)
+        self._turn = turn
+        turn.decode = weakref.ref(self)
+        self._is_superseded = False
+
+    def __next__(self) -> int:
+        if self._is_superseded:
+            raise RequestError("this stream was closed when the thread that left it suspended "
+                               "sent the engine its next request", path="stream",
+                               remedy="finish or close() a stream before the next request on "
+                                      "its thread (with engine.stream(...) as pieces: ...)")
+        self._turn.holder = threading.get_ident()
+        try:
+            return super().__next__()
+        except BaseException:  # the end, a stop, or an error: the engine is free again
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop decoding now (a client that went away); the engine is free again."""
+        if not self.entry.is_done:
+            super().close()
+            self.scheduler.step()  # it leaves: nothing runs
+        self._turn.release()
+
+    def supersede(self) -> None:
+        """Close this decode for a later request of the thread that left it suspended; its
+        iteration then raises :class:`RequestError` (``result`` stays readable)."""
+        if not self.entry.is_done:
+            self._is_superseded = True
+            self.close()
+
+    def __del__(self) -> None:  # an abandoned decode must not hold the engine forever
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+        finally:
+            self._turn.release()
 
 
 class Stream:

@@ -9,7 +9,7 @@ import numpy as np
 from chain_helpers import PROBE_PROMPT
 
 from speculant.speculative.decode import decode
-from speculant.speculative.round import run_round
+from speculant.speculative.round import launch_host_round
 from speculant.speculative.verify import verify
 from speculant.speculative.width import FixedWidth
 from speculant.tensors import TensorSeam, Value
@@ -23,6 +23,12 @@ def prefilled(engine, prompt=PROBE_PROMPT, max_new_tokens=20):
     tokens = decode(state, engine.target, engine.proposer, FixedWidth(3))
     first = next(tokens)  # the prefill's token, committed
     return state, first
+
+
+def run_round(state, target, proposer, k):
+    """One reference round of ``k`` drafts, launched and read at once."""
+    width = state.capped_width(k)
+    return launch_host_round(state, target, proposer, FixedWidth(width), width).read()
 
 
 def snapshot(state):

@@ -461,14 +461,14 @@ def test_planted_stale_length_after_a_rollback_is_caught(fresh_engine, monkeypat
                                                         for o in options[:4]])
     assert sum(g.stats.rollbacks for g in together) > 0  # the defect has something to spoil
     ends: dict[int, int] = {}
-    run = scheduler_module.RowTarget.run
+    run = scheduler_module.StepBatch.run
 
     def stale(self, tokens, start, cells, admitted, controls, **kwargs):
         start = ends.get(id(cells), start)
         ends[id(cells)] = start + len(tokens)
         return run(self, tokens, start, cells, admitted, controls, **kwargs)
 
-    monkeypatch.setattr(scheduler_module.RowTarget, "run", stale)
+    monkeypatch.setattr(scheduler_module.StepBatch, "run", stale)
     assert mismatches(fresh_engine, PROMPTS[:4], options[:4]) != []
 
 

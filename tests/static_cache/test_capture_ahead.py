@@ -70,6 +70,6 @@ def test_capture_runs_that_skip_writing_the_inputs_are_caught(capturing, greedy_
                 plan.run()  # the defect: this request's start never written
         return list(widths)
 
-    monkeypatch.setattr("speculant.speculative.decode.capture_widths", stale)
+    monkeypatch.setattr("speculant.speculative.round.capture_widths", stale)
     result = capturing.generate(PROMPT, NEW, speculative=True, k="auto", stop_on_eos=False)
     assert result.token_ids != greedy_tokens

@@ -24,10 +24,10 @@ from speculant.speculative.proposal import (
     Proposer,
 )
 from speculant.speculative.verify import verify, verify_in_place
-from speculant.speculative.width import FixedWidth, WidthPolicy
+from speculant.speculative.width import WidthPolicy
 from speculant.tensors import Value
 from speculant.workflow.state import DecodeState, RoundResult
-from speculant.workflow.target_pass import UNREAD, TargetPass, resolved
+from speculant.workflow.target_pass import UNREAD, TargetPass, capture_widths, resolved
 
 
 @dataclass(frozen=True)
@@ -74,14 +74,6 @@ def launch_host_round(state: DecodeState, target: TargetPass, proposer: Proposer
         return _result(proposal, num_accepted, committed, replace(verify_pass, tokens=tokens))
 
     return LaunchedRound(HOST_ROUNDS, proposal.k, read)
-
-
-def run_round(state: DecodeState, target: TargetPass, proposer: Proposer | None,
-              k: int) -> RoundResult:
-    """One reference round of ``k`` drafts, launched and read at once (the decode at queue
-    depth 0); it changes nothing in the state but the request's generator (its draws)."""
-    width = state.capped_width(k) if proposer is not None else 0
-    return launch_host_round(state, target, proposer, FixedWidth(width), width).read()
 
 
 def launch_step(state: DecodeState, target: TargetPass, policy: WidthPolicy,
@@ -144,32 +136,41 @@ def _result(proposal: Proposal, num_accepted: int, committed: list[int], verify_
 
 class Rounds:
     """One decode's rounds launched and not read yet, oldest first: at most ``depth + 1``,
-    every one launched the same way, and every token they may commit within the budget."""
+    every one launched the same way, and every token they may commit within the budget.
+    The scheduler fills it before its step's pass and reads one round after (a row of a
+    batched step: depth 0, one host round of the step's width)."""
 
-    def __init__(self, state: DecodeState, target: TargetPass, proposer: Proposer | None,
-                 policy: WidthPolicy, route: Route) -> None:
-        self.state, self.target, self.proposer = state, target, proposer
-        self.policy, self.route = policy, route
+    def __init__(self, state: DecodeState, proposer: Proposer | None, policy: WidthPolicy,
+                 route: Route, device: str | None = None) -> None:
+        """``device``: where a queued route's cursor lives (its target's)."""
+        self.state, self.proposer, self.policy, self.route = state, proposer, policy, route
         self.widest = policy.widths[-1] if proposer is not None else 0
         self.launched: deque[LaunchedRound] = deque()
         self._held: int | None = None  # a width chosen that waits for the queue to drain
-        self._cursor = (state.seam.zeros((1,), "int32", target.session.device)
+        self._cursor = (state.seam.zeros((1,), "int32", device)
                         if route.rounds == QUEUED_ROUNDS else None)  # [1] int32: the next C
 
-    def read_next(self) -> RoundResult:
-        """Launch what the queue has room for, then read the oldest round."""
-        while len(self.launched) <= self.route.depth and self._launch():
-            pass
+    def fill(self, target: TargetPass, k: int | None = None,
+             proposer: Proposer | None = None) -> None:
+        """Launch into ``target`` what the queue has room for (at least one round where none
+        is launched): the first with ``k`` drafts of ``proposer`` where given (a batched
+        step's width, its drafts made with the other rows'), the rest at the policy's."""
+        while len(self.launched) <= self.route.depth and self._launch(target, k, proposer):
+            k = proposer = None
+
+    def read(self) -> RoundResult:
+        """The oldest round launched, read."""
         return self.launched.popleft().read()
 
-    def _launch(self) -> bool:
+    def _launch(self, target: TargetPass, chosen: int | None,
+                proposer: Proposer | None) -> bool:
         state, launched = self.state, self.launched
         ahead = sum(r.k + 1 for r in launched)  # tokens the unread rounds may commit first
         if launched and (state.room(ahead) < 1 or
                          state.capped_width(self.widest, ahead) < self.widest):
             return False  # too near the end to launch at full width before reading
-        k = self._held if self._held is not None else self.policy.width(
-            state, state.capped_width(self.widest, ahead))
+        k = chosen if chosen is not None else self._held if self._held is not None else \
+            self.policy.width(state, state.capped_width(self.widest, ahead))
         how = self.route.rounds if k or not self.route.has_steps_in_place else STEPS
         if launched and (how == HOST_ROUNDS or how != launched[-1].how):
             self._held = k  # launched once the rounds before it are read
@@ -177,12 +178,39 @@ class Rounds:
         self._held = None
         behind = launched[-1] if launched else None
         if how == STEPS:
-            round_ = launch_step(state, self.target, self.policy, behind,
-                                 state.consumed + ahead)
+            round_ = launch_step(state, target, self.policy, behind, state.consumed + ahead)
         elif how == QUEUED_ROUNDS:
-            round_ = launch_queued_round(state, self.target, self.proposer, self.policy, k,
+            round_ = launch_queued_round(state, target, self.proposer, self.policy, k,
                                          behind, self._cursor, ahead)
         else:
-            round_ = launch_host_round(state, self.target, self.proposer, self.policy, k)
+            round_ = launch_host_round(state, target, proposer or self.proposer, self.policy,
+                                       k)
         launched.append(round_)
         return True
+
+
+def warm_up(state: DecodeState, target: TargetPass, proposer: Proposer | None,
+            policy: WidthPolicy) -> None:
+    """Where passes replay captured CUDA graphs: the target's plan of every block width the
+    policy may verify and the proposer's plans of every width it may propose, captured now
+    (a capture mid-decode stalls it); then, for a measured policy, one timed proposal of each
+    width (an unmeasured width looks free). The one place a lone decode's plans are made
+    ahead (a batched target plans per step shape: workflow/batched_pass.py)."""
+    cells = state.cells
+    widths = [k for k in policy.widths if k <= state.capped_width(k)]
+    if not cells.is_in_place or not target.session.graphs.is_enabled or all(
+            k + 1 in cells.plans and not cells.plans[k + 1].awaits_capture for k in widths):
+        return
+    capture_widths(target, [k + 1 for k in widths], state.pending, state.consumed, cells,
+                   state.admitted, state.controls)
+    drafted = [k for k in widths if k]
+    if proposer is None or not drafted or (capture := getattr(proposer, "capture_widths",
+                                                              None)) is None:
+        return
+    capture(state, drafted)
+    timed = getattr(policy, "timed_warm_up", None)
+    draws_none = state.sampler is None or state.sampler.is_keyed  # no generator to advance
+    for k in drafted if timed is not None and draws_none else ():
+        started = time.perf_counter()
+        proposal = proposer.propose(state, k)
+        timed(proposal.k, time.perf_counter() - started)

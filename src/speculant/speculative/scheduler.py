@@ -1,37 +1,36 @@
-"""The scheduler: requests decoded together, one batched target pass per step (continuous
-batching; docs/design/batching.md, "The scheduler").
+"""The scheduler, the engine's one loop: requests decoded together run one batched target
+pass per step (continuous batching; docs/design/batching.md); a request decoded alone is the
+same loop at one row over its own target pass (:class:`LoneTarget`: speculative/decode.py).
 
-Requests join and leave between steps. Each request keeps everything a lone decode has —
-its :class:`~speculant.workflow.state.DecodeState` (stream, stop rules, sampler, counters),
-its proposer and its width policy — and holds one row of the engine's batched caches while
-it decodes, its state's consumed count being the row's cursor. Invariant between steps:
-every decoding row satisfies the decode state's invariant (its row holds exactly its consumed
-positions, the pending token is the target's latest choice); a prefilling row holds its first
-``C < P`` prompt positions. A step's rounds are the reference round (round.py's
-``launch_host_round``), whose target pass is the row's part of the one batched pass; the
-rows of a proposer that drafts rows together (:class:`RowsProposer`: the chained drafter,
-the draft model of a package that batches) are drafted first, one run of it per draft for
-all of them, each round then proposing its row's drafts as host tokens. Its ``k="auto"``
-rows draft as far as the width the step's :class:`StepWidth` chooses by load.
+Requests join and leave between steps. Each keeps its :class:`DecodeState` (stream, stop
+rules, sampler, counters), proposer and width policy, and holds a row while it decodes, its
+consumed count the row's cursor. Invariant between steps: every decoding row satisfies the
+decode state's invariant; a prefilling row holds its first ``C < P`` prompt positions. A
+row's rounds are its :class:`Rounds`: in a batched step the reference round, its pass the
+row's part of the one batched pass, its drafts made first with the other rows' where its
+proposer drafts rows together (:class:`RowsProposer`), its ``k="auto"`` as wide as the
+step's :class:`StepWidth` chooses by load.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from speculant.errors import AdmissionError, SpeculantError
 from speculant.speculative.proposal import (
-    LaunchedRound,
+    HOST_ROUNDS,
     Proposal,
     Proposer,
     RowsFallback,
     RowsProposer,
 )
-from speculant.speculative.round import launch_host_round
+from speculant.speculative.round import Rounds, Route, warm_up
 from speculant.speculative.step_width import StepWidth
 from speculant.speculative.width import WidthPolicy
 from speculant.tensors import Value
@@ -40,9 +39,23 @@ from speculant.workflow.cells import RowCells
 from speculant.workflow.request import Admitted
 from speculant.workflow.sampler import choose
 from speculant.workflow.state import DecodeState
-from speculant.workflow.target_pass import PassResult
+from speculant.workflow.target_pass import PassResult, PendingPass, TargetPass, resolved
 
 PREFILL_CHUNK = 128  # prompt tokens a row consumes per step, at most
+# a batched row's rounds: each read before the next, its pass the row's of the step's
+BATCHED = Route(HOST_ROUNDS, False, 0, "batched: one row of the scheduler's passes, each "
+                                       "round read before the next")
+
+
+@dataclass(frozen=True)
+class LoneTarget:
+    """The scheduler's target for a request decoded alone: one row, its own target pass,
+    which runs each pass as it is launched (no batch to wait for) and plans every width
+    before the first round (round.py's ``warm_up``), its rounds launched by ``route``."""
+
+    target: TargetPass
+    route: Route
+    rows = 1
 
 
 @dataclass(eq=False)
@@ -54,6 +67,8 @@ class Entry:
     proposer: Proposer | None
     policy: WidthPolicy
     committed: deque[int] = field(default_factory=deque)  # committed, not taken yet
+    rounds: Rounds | None = None  # its rounds, once its prompt is consumed
+    measuring: ExitStack = field(default_factory=ExitStack)  # its policy's, while it decodes
     error: SpeculantError | None = None  # what ended it, if not a stop rule
     is_done: bool = False  # it left: nothing more will be committed
     submitted_at: float = field(default_factory=time.perf_counter)
@@ -78,7 +93,9 @@ class Entry:
 
 
 class StepBatch:
-    """The rows' blocks of one step, run as one batched pass."""
+    """The rows' blocks of one step, run as one batched pass. To a row's round it is the
+    target (``launch_host_round``'s): a pass joins the batch at the row's start — the
+    state's consumed count — and is resolved once the batch has run."""
 
     def __init__(self) -> None:
         self.blocks: list[RowBlock] = []
@@ -90,7 +107,13 @@ class StepBatch:
     def width(self) -> int:
         return max(len(block.tokens) for block in self.blocks)
 
-    def run(self, target: BatchedTargetPass) -> None:
+    def run(self, tokens: list[int], start: int, cells: RowCells, admitted: Admitted,
+            controls: dict[str, Value], *, drafts: Value | None = None) -> QueuedPass:
+        assert drafts is None, "a batched row's drafts are on the host"
+        self.blocks.append(RowBlock(tuple(tokens), start, cells))
+        return QueuedPass(self, len(self.blocks) - 1)
+
+    def run_together(self, target: BatchedTargetPass) -> None:
         self.num_run = row_bucket(max(block.cells.row for block in self.blocks), target.rows)
         is_planned = (self.num_run, self.width) in target.plans
         started = time.perf_counter()
@@ -110,21 +133,6 @@ class QueuedPass:
         return self.batch.results[self.index]
 
 
-class RowTarget:
-    """The target as a row's round sees it (``launch_host_round``'s ``target``): a pass
-    joins the step's batch at the row's start — the state's consumed count — and is
-    resolved when the batch has run."""
-
-    def __init__(self, batch: StepBatch) -> None:
-        self.batch = batch
-
-    def run(self, tokens: list[int], start: int, cells: RowCells, admitted: Admitted,
-            controls: dict[str, Value], *, drafts: Value | None = None) -> QueuedPass:
-        assert drafts is None, "a batched row's drafts are on the host"
-        self.batch.blocks.append(RowBlock(tuple(tokens), start, cells))
-        return QueuedPass(self.batch, len(self.batch.blocks) - 1)
-
-
 @dataclass(frozen=True)
 class Drafted:
     """A row's drafts made with the other rows' (:class:`RowsProposer`), proposed by its
@@ -137,18 +145,21 @@ class Drafted:
 
 
 class Scheduler:
-    """The engine's loop for requests decoded together: :meth:`submit` queues an admitted
-    request, :meth:`step` runs one batched step (the module says what a step does)."""
+    """The engine's loop: :meth:`submit` queues an admitted request, :meth:`step` runs one
+    step for every row (the module says what a step does). Over a :class:`LoneTarget`, one
+    row whose passes run as they are launched; over a batched target, its rows."""
 
-    def __init__(self, target: BatchedTargetPass, *, prefill_chunk: int = PREFILL_CHUNK
-                 ) -> None:
+    def __init__(self, target: BatchedTargetPass | LoneTarget, *,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or \
                 prefill_chunk < 1:
             raise AdmissionError("prefill_chunk must be a number of prompt tokens >= 1",
                                  path="prefill_chunk", value=prefill_chunk,
                                  expected="an integer >= 1 (default 128)")
         self.target = target
-        self.prefill_chunk = prefill_chunk
+        self.lone = target if isinstance(target, LoneTarget) else None
+        # a lone request's prompt is one pass (no other row waits on its chunks)
+        self.prefill_chunk = sys.maxsize if self.lone is not None else prefill_chunk
         self.rows: list[Entry | None] = [None] * target.rows  # row -> its request
         self.waiting: deque[Entry] = deque()  # admitted, waiting for a free row
         self.num_steps = 0
@@ -162,11 +173,13 @@ class Scheduler:
 
     def submit(self, state: DecodeState, proposer: Proposer | None,
                policy: WidthPolicy) -> Entry:
-        """Queue an admitted request (its state's cells a reserved :class:`RowCells`); it
-        takes a row at the next step with one free. Inactive serving controls end it now."""
-        entry = Entry(state, proposer, self.widths.row_policy(policy))
-        state.stats.route = "batched: one row of the scheduler's passes, each round read " \
-                            "before the next"
+        """Queue an admitted request (its state's cells a reserved :class:`RowCells` of a
+        batched target); it takes a row at the next step with one free. Inactive serving
+        controls end it now."""
+        if self.lone is None:
+            policy = self.widths.row_policy(policy)
+            state.stats.route = BATCHED.reason
+        entry = Entry(state, proposer, policy)
         with self._lock:
             if state.is_active:
                 self.waiting.append(entry)
@@ -184,16 +197,16 @@ class Scheduler:
             for row, taken in enumerate(self.rows):
                 if taken is None and self.waiting:
                     self.rows[row] = entry = self.waiting.popleft()
-                    entry.cells.row = row
+                    if self.lone is None:
+                        entry.cells.row = row
             busy = [entry for entry in self.rows if entry is not None]
             if not busy:
                 return False
             # 2. The step's width W keeps every row's window [L_b, L_b + W) in its row.
-            self.target.fit(max(entry.cells.capacity for entry in busy))
-            room = min(self.target.capacity - entry.state.consumed for entry in busy)
+            room = self._room(busy)
             is_prefilling = any(entry.is_prefilling for entry in busy)
             started = time.perf_counter()
-            if not is_prefilling:  # k="auto" rows draft as far as the step's chosen W
+            if not is_prefilling and self.lone is None:  # k="auto" rows: the step's W
                 self.widths.choose([(entry.policy, min(entry.state.capped_width(
                     entry.widest), room - 1), entry.proposer) for entry in busy], row_bucket(
                     max(entry.cells.row for entry in busy), self.target.rows))
@@ -207,17 +220,18 @@ class Scheduler:
             drafted = self._draft_rows(widths)
             self.widths.drafted_together([(entry.policy, widths[entry]) for entry in drafted],
                                          time.perf_counter() - drafting)
+            target = self.lone.target if self.lone is not None else batch
             for entry in [entry for entry in busy if entry in widths]:
                 try:
-                    launched[entry] = self._launch(entry, RowTarget(batch), room,
-                                                   widths[entry], drafted.get(entry))
+                    launched[entry] = self._launch(entry, target, room, widths[entry],
+                                                   drafted.get(entry))
                 except SpeculantError as error:  # its proposer's: the request ends alone
                     self._fail(entry, error)
             busy = list(launched)
-            # 3. One target pass for every row.
+            # 3. One target pass for every row (a lone row's ran as it was launched).
             try:
-                if busy:
-                    batch.run(self.target)
+                if batch.blocks:
+                    batch.run_together(self.target)
             except SpeculantError as error:
                 for entry in busy:
                     self._fail(entry, error)
@@ -227,7 +241,7 @@ class Scheduler:
                         self._read(entry, launched[entry])
                     except SpeculantError as error:
                         self._fail(entry, error)
-                if busy:
+                if batch.blocks:
                     self.widths.observe_step(len(busy), batch.num_run, batch.width,
                                              batch.seconds, time.perf_counter() - started,
                                              not is_prefilling)
@@ -237,15 +251,22 @@ class Scheduler:
             self._leave()  # 5. Stopped and cancelled rows leave.
             return True
 
-    def _width(self, entry: Entry, room: int, is_prefilling: bool) -> int:
+    def _room(self, busy: list[Entry]) -> int:
+        """The positions every busy row has left in its row of the buffers, grown first to
+        the widest reservation (a lone row: its own caches bound it, ``capped_width``)."""
+        if self.lone is not None:
+            return sys.maxsize
+        self.target.fit(max(entry.cells.capacity for entry in busy))
+        return min(self.target.capacity - entry.state.consumed for entry in busy)
+
+    def _width(self, entry: Entry, room: int, is_prefilling: bool) -> int | None:
         """A decoding row's k this step (none in a step where a row prefills:
-        onnxruntime-genai's rule); 0 for a prefilling row."""
-        state = entry.state
-        if entry.is_prefilling:
-            return 0
-        k = 0 if is_prefilling else entry.policy.width(
-            state, min(state.capped_width(entry.widest), room - 1))
-        return k
+        onnxruntime-genai's rule); 0 for a prefilling row; None for a lone row, whose
+        rounds choose theirs as deep as they are queued."""
+        if entry.is_prefilling or self.lone is not None:
+            return 0 if entry.is_prefilling else None
+        return 0 if is_prefilling else entry.policy.width(
+            entry.state, min(entry.state.capped_width(entry.widest), room - 1))
 
     def _draft_rows(self, widths: dict[Entry, int]) -> dict[Entry, Drafted]:
         """The drafts of every row whose proposer drafts rows together, one
@@ -277,22 +298,25 @@ class Scheduler:
                     drafted[entry] = Drafted(proposal)
         return drafted
 
-    def _launch(self, entry: Entry, target: RowTarget, room: int, k: int,
-                drafted: Drafted | None) -> QueuedPass | LaunchedRound:
-        """A prefilling row's next prompt chunk, or a decoding row's round of ``k`` drafts
-        (``drafted``: made with the other rows' already)."""
+    def _launch(self, entry: Entry, target: StepBatch | TargetPass, room: int,
+                k: int | None, drafted: Drafted | None) -> PassResult | PendingPass | None:
+        """A prefilling row's next prompt chunk (its pass returned), or a decoding row's
+        rounds filled: ``k`` drafts (``drafted``: made with the other rows' already), or
+        as its own rounds choose (None)."""
         state = entry.state
         if entry.is_prefilling:
             start = state.consumed
             chunk = state.tokens[start:min(start + min(self.prefill_chunk, room),
                                            state.prompt_len)]
             return target.run(chunk, start, entry.cells, state.admitted, state.controls)
-        return launch_host_round(state, target, drafted or entry.proposer, entry.policy, k)
+        assert entry.rounds is not None
+        entry.rounds.fill(target, k, drafted)
+        return None
 
-    def _read(self, entry: Entry, launched: QueuedPass | LaunchedRound) -> None:
+    def _read(self, entry: Entry, launched: PassResult | PendingPass | None) -> None:
         state = entry.state
-        if isinstance(launched, QueuedPass):
-            chunk = launched.resolve()
+        if launched is not None:
+            chunk = resolved(launched)
             if chunk.end < state.prompt_len:  # the prompt goes on next step
                 state.advance(chunk, len(chunk.tokens))
                 return
@@ -301,13 +325,26 @@ class Scheduler:
             first, _ = choose(state.seam, state.sampler, last_row, len(state.tokens),
                               state.constraint)
             committed = state.record_prefill(chunk, first)
+            if not state.is_stopped:
+                self._start_rounds(entry)
         else:
-            result = launched.read()
+            result = entry.rounds.read()
             entry.policy.observe(result)
             committed = state.record(result)
         if committed and entry.first_at is None:
             entry.first_at = time.perf_counter()
         entry.committed.extend(committed)
+
+    def _start_rounds(self, entry: Entry) -> None:
+        """A row whose prompt is consumed decodes in rounds, its policy measuring; a lone
+        row's widths are planned first."""
+        state, lone = entry.state, self.lone
+        entry.measuring.enter_context(entry.policy.measuring())
+        if lone is not None:
+            warm_up(state, lone.target, entry.proposer, entry.policy)
+        entry.rounds = Rounds(state, entry.proposer, entry.policy,
+                              lone.route if lone is not None else BATCHED,
+                              lone.target.session.device if lone is not None else None)
 
     def _fail(self, entry: Entry, error: SpeculantError) -> None:
         entry.error = error
@@ -319,7 +356,8 @@ class Scheduler:
         for row, entry in enumerate(self.rows):
             if entry is not None and entry.state.is_stopped:
                 self.rows[row] = None
-                entry.cells.row = None
+                if self.lone is None:
+                    entry.cells.row = None
                 self._end(entry)
         for entry in [e for e in self.waiting if e.state.is_stopped]:
             self.waiting.remove(entry)
@@ -327,6 +365,7 @@ class Scheduler:
 
     def _end(self, entry: Entry) -> None:
         entry.is_done, entry.ended_at = True, time.perf_counter()
+        entry.measuring.close()
         stats = entry.state.stats
         stats.stop_reason = entry.state.stop_reason
         stats.residency = entry.state.seam.counters.snapshot()
