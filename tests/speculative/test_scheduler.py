@@ -578,16 +578,6 @@ def test_k_by_load_shrinks_to_greedy_as_rows_join_and_returns_as_they_leave(root
 
 
 # -- refusals ---------------------------------------------------------------------------------
-def test_the_chained_drafter_under_a_grammar_is_refused_with_the_remedy(engines):
-    engine = engines()
-    with pytest.raises(RequestError) as caught:
-        engine.submit(PROMPTS[0], max_new_tokens=4, proposer="chained",
-                      grammar=speculant.Grammar.regex("[0-9]+"))
-    problem = caught.value.problems[0]
-    assert problem.path == "grammar" and "decoded together" in problem.message
-    assert "engine.generate" in problem.remedy and not engine.scheduler.has_work
-
-
 def test_a_drafter_whose_rows_cannot_step_together_is_refused_by_field():
     """A fused port whose request axis is not its first: no B-row step graph (a ChainError
     naming the field); its batch-1 step is unchanged."""

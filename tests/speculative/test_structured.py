@@ -190,3 +190,55 @@ def test_a_forced_draft_is_the_only_id_its_row_allows(demo):
         if np.isfinite(row).sum() == 1:
             assert int(np.argmax(row)) == token
     assert np.isfinite(masked[0]).sum() == 1  # the first is forced outright
+
+
+@pytest.fixture(scope="module")
+def demo_batched(tmp_path_factory) -> speculant.Engine:
+    """The demo pair with static caches and a batched pass of 4 rows (the scheduler's)."""
+    from speculant_tools.export import convert
+
+    root = convert(DEMO, tmp_path_factory.mktemp("demo") / "batched", "float32",
+                   cache="static", batch=4)
+    return speculant.load(root, max_batch=4, prefill_chunk=5)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_chained_rows_under_a_grammar_draft_and_decode_as_alone(demo_batched, monkeypatch,
+                                                                sampled):
+    """Requests decoded together, the chained drafter drafting every row in one run per
+    draft: a row under a grammar drafts what it drafts alone at the same C (its forced run
+    first, then its row masked by its grammar, cut where the grammar refuses or ends) beside
+    rows without one, and every output equals its output alone."""
+    from speculant.speculative.chain_rows import ChainRows
+    from speculant.speculative.chained import ChainedProposer
+
+    engine = demo_batched
+    sampling = {"temperature": 0.9, "seed": 3} if sampled else {}
+    options = [GenerationOptions(max_new_tokens=n, proposer="chained", k=k, **sampling,
+                                 grammar=Grammar.json_schema(SCHEMA) if i % 2 == 0 else None)
+               for i, (n, k) in enumerate([(60, 4), (24, 2), (40, 3), (30, 4)])]
+    prompts = [*PROMPTS, "x = ", "def f():\n    return "]
+    made: dict[tuple, dict[str, list[int]]] = {}
+
+    def spy(method, how):
+        def recorded(self, *args):
+            results = method(self, *args)
+            pairs = args[0] if how == "together" else [args]
+            for (state, _), result in zip(pairs, results if how == "together" else [results],
+                                          strict=True):
+                where = (tuple(state.tokens[:state.prompt_len]), state.consumed)
+                made.setdefault(where, {})[how] = list(result.tokens) if result.drafts is None \
+                    else np.asarray(result.drafts.data).tolist()  # kept where made
+            return results
+        return recorded
+
+    monkeypatch.setattr(ChainRows, "propose_rows", spy(ChainRows.propose_rows, "together"))
+    monkeypatch.setattr(ChainedProposer, "propose", spy(ChainedProposer.propose, "alone"))
+    together = engine.generate_many(prompts, options)
+    alone = [engine.generate(prompt, option) for prompt, option in zip(prompts, options,
+                                                                       strict=True)]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    compared = [(m["together"], m["alone"]) for m in made.values() if len(m) == 2]
+    assert len(compared) >= 20 and all(a == b for a, b in compared)
+    assert sum(g.stats.mean_accepted_length > 1 for g in together[::2]) >= 1  # drafts kept
+    jsonschema.validate(json.loads(together[0].text), SCHEMA)

@@ -15,6 +15,7 @@ Rows of different ``k`` run to the widest and each is cut at its own ``k``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import replace
 
 import numpy as np
@@ -86,7 +87,8 @@ class ChainRows:
         chain context); a failed run raises for every row. Steps ``0 … max k``: step 0 gives
         each row's carry (its prediction is the pending token, known), step ``j`` row ``b``'s
         draft ``j`` where ``j <= k_b`` — its argmax, or under sampling its draw at position
-        ``C + j`` (``q_j`` kept for rejection sampling), as alone."""
+        ``C + j`` (``q_j`` kept for rejection sampling), as alone; under a grammar the tokens
+        it forces first, then the row masked by it, cut where it refuses a draft or ends."""
         seam, chain, target = self.seam, self.chain, self.target
         num_rows = row_bucket(max(state.cells.row for state, _ in requests), target.rows)
         results: list[Proposal | SpeculantError] = []
@@ -116,30 +118,58 @@ class ChainRows:
                           )[chain.carry_output]
         drafts: dict[int, list[int]] = {i: [] for i, *_ in rows}
         probs: dict[int, list[Value]] = {i: [] for i, *_ in rows}
-        for _, state, _, row in rows:
-            tokens[row] = state.pending
-        for j in range(1, max(k for _, _, k, _ in rows) + 1):
-            out = self._run(self.session, fixed, tokens, carry,
-                            [chain.logits_output, chain.carry_output, NEXT])
-            carry, logits = out[chain.carry_output], out[chain.logits_output]  # [B, 1, V]
-            argmax = seam.read_token_ids(replace(out[NEXT], kind="token_ids"))  # [B]
-            for i, state, k, row in rows:
-                if j > k:
-                    continue
-                if state.sampler is None:
-                    draft, q = argmax[row], None
-                else:
-                    scores = seam.slice_axis(logits, 0, row, 1)  # [1, 1, V] row b's
-                    draft, q = choose(seam, state.sampler, seam.last_along_axis(
-                        scores, scores.rank - 2), state.consumed + j)
-                tokens[row] = draft
-                drafts[i].append(draft)
-                if q is not None:
-                    probs[i].append(q)
-        for i, _, k, _ in rows:
-            results[i] = Proposal(drafts[i], probs[i] or None, num_invocations=k + 1,
-                                  num_scored_rows=k)
+        steps = dict.fromkeys(drafts, 0)  # each row's steps run past step 0
+        scored = dict.fromkeys(drafts, 0)
+        ended: set[int] = set()  # rows whose grammar refused a draft or finished
+        with ExitStack() as drafting:
+            forced = {i: self._forced(state, k, drafting) for i, state, k, _ in rows}
+            for _, state, _, row in rows:
+                tokens[row] = state.pending
+            for j in range(1, max(k for _, _, k, _ in rows) + 1):
+                out = self._run(self.session, fixed, tokens, carry,
+                                [chain.logits_output, chain.carry_output, NEXT])
+                carry, logits = out[chain.carry_output], out[chain.logits_output]  # [B,1,V]
+                argmax = seam.read_token_ids(replace(out[NEXT], kind="token_ids"))  # [B]
+                for i, state, k, row in rows:
+                    constraint = state.constraint
+                    if j > k or i in ended:
+                        continue
+                    steps[i] = j
+                    if j <= len(forced[i]):
+                        draft, q = forced[i][j - 1], None
+                    elif state.sampler is None and constraint is None:
+                        draft, q = argmax[row], None
+                        scored[i] += 1
+                    else:  # a draw, or the row masked by the grammar
+                        scores = seam.slice_axis(logits, 0, row, 1)  # [1, 1, V] row b's
+                        draft, q = choose(seam, state.sampler, seam.last_along_axis(
+                            scores, scores.rank - 2), state.consumed + j, constraint)
+                        scored[i] += 1
+                    if constraint is not None and not constraint.advance(draft):
+                        ended.add(i)  # refused: the row drafts no further
+                        continue
+                    tokens[row] = draft
+                    drafts[i].append(draft)
+                    if q is not None:
+                        probs[i].append(q)
+                    if constraint is not None and constraint.is_finished:
+                        ended.add(i)
+        for i, *_ in rows:
+            results[i] = Proposal(drafts[i], probs[i] or None,
+                                  num_invocations=1 + steps[i],
+                                  num_scored_rows=scored[i])
         return results
+
+    @staticmethod
+    def _forced(state: DecodeState, k: int, drafting: ExitStack) -> list[int]:
+        """Under a grammar, the tokens it forces (a row's first drafts, as alone) — none
+        under a draw that returns its q — its drafting entered in ``drafting``."""
+        constraint = state.constraint
+        if constraint is None:
+            return []
+        drafting.enter_context(constraint.drafting())
+        return constraint.forced_tokens(k) if state.sampler is None or \
+            state.sampler.is_keyed else []
 
     def _filled(self, lengths: np.ndarray) -> dict[str, Value]:
         """The length and position ports: ``C'_b`` and ``C'_b − 1`` per row (0 for a row

@@ -117,13 +117,7 @@ class Chained:
         return self.bound(sources).max_k
 
     def check(self, sources: ProposerSources, request: Request) -> None:
-        # a subset vocabulary samples too: its q is 0 beyond its ids (tensors/sampling)
-        if sources.is_batched and request.options.grammar is not None:
-            raise RequestError("the chained drafter does not draft under a grammar for "
-                               "requests decoded together yet", path="grammar",
-                               value="chained", remedy="decode this request alone with "
-                               "engine.generate(...), or use proposer='prompt_lookup' or "
-                               "'draft' with the scheduler")
+        pass  # a subset vocabulary samples too (its q is 0 beyond its ids); rows or alone
 
     def build(self, sources: ProposerSources, request: Request, k: int) -> Proposer:
         assert sources.chained is not None
