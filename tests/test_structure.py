@@ -138,9 +138,9 @@ LAYERS = {
 # with a deletion beside it. The change a commit makes is `git diff --stat`'s to report.
 LAYER_CEILINGS = {
     "package": 3_642, "tensors": 2_066, "text": 815, "session": 927, "workflow": 2_083,
-    "speculative": 3_400, "engine and API": 2_207, "serve": 1_766,
+    "speculative": 3_402, "engine and API": 2_221, "serve": 1_724,
 }
-RUNTIME_CEILING = 16_906  # the sum
+RUNTIME_CEILING = 16_880  # the sum
 MODULE_LINE_LIMIT = 500
 
 

@@ -20,6 +20,7 @@ is closed then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -158,6 +159,19 @@ class AsyncEngine:
     async def call(self, call: Callable[[], T]) -> T:
         """``call()`` on the worker thread. A cancelled await leaves the call running."""
         return await self._worker.run(call)
+
+    def call_then(self, call: Callable[[], object], then: Callable[[], object]) -> None:
+        """``call()`` on the worker thread after the calls queued before it, nobody waiting;
+        ``then()`` on the running event loop once it has returned or raised."""
+        loop = asyncio.get_running_loop()
+
+        def run() -> None:
+            try:
+                call()
+            finally:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    loop.call_soon_threadsafe(then)
+        self._worker.submit(run)
 
     def _lock_of_this_loop(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()

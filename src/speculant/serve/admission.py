@@ -1,5 +1,5 @@
-"""Who may use the engine, for how long: a bounded queue, a deadline per request, and the one
-thread that runs the engine's steps.
+"""Who may use the engine, for how long: a bounded queue and a deadline per request (the
+engine's steps run on its :class:`~speculant.aio.AsyncEngine`'s worker thread).
 
 :class:`Admission` lets ``max_running`` requests run and ``max_waiting`` wait, in arrival
 order; one more is a :class:`QueueFullError` (429). Every request gets a :class:`Ticket` with
@@ -7,17 +7,11 @@ a deadline from its arrival, waiting included (:class:`DeadlineExceededError`, 5
 running request gives its slot back only once the engine has finished with it (its last
 step returned and its decode is closed), so a step that never returns keeps the engine
 counted as busy, and :meth:`Admission.stalled` names it for ``/health``.
-
-:class:`EngineThread` runs engine calls one after another on one daemon thread: awaiting a
-step can be given up at a deadline or a disconnect (the step runs on, its result unread),
-and a step that never returns cannot keep the process alive at exit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -111,40 +105,3 @@ class Admission:
                         f"({self.timeout_s:g} s) + grace ({grace_s:g} s); its current engine "
                         f"step started {since:.0f} s ago and has not returned")
         return None
-
-
-class EngineThread:
-    """Runs calls one at a time, in submission order, on one daemon thread."""
-
-    def __init__(self, name: str = "speculant-engine") -> None:
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
-
-    def submit(self, call: Callable[[], Any]) -> asyncio.Future:
-        """``call()``'s outcome, as a future of the running loop; cancelling the future stops
-        the wait, not the call."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._calls.put((call, future, loop))
-        return future
-
-    def _serve(self) -> None:
-        while True:
-            call, future, loop = self._calls.get()
-            try:
-                outcome, error = call(), None
-            except BaseException as raised:  # noqa: BLE001 - handed to the awaiting task
-                outcome, error = None, raised
-            try:
-                loop.call_soon_threadsafe(_settle, future, outcome, error)
-            except RuntimeError:  # the loop is closed: nobody is waiting
-                pass
-
-
-def _settle(future: asyncio.Future, outcome: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(outcome)

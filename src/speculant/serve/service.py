@@ -3,8 +3,9 @@ decoded step by step, and counted.
 
 Every request, streamed or not, is decoded as an iterator (``engine.stream``,
 ``engine.decode``; with ``--max-batch`` above 1, a row of the engine's scheduler:
-``engine.submit_stream``, ``engine.submit``) whose steps run on the service's
-:class:`EngineThread`; between two steps
+``engine.submit_stream``, ``engine.submit``) whose steps run on the worker thread of the
+service's :class:`~speculant.aio.AsyncEngine` (awaiting a step can be given up at a deadline
+or a disconnect: the step runs on, its result unread); between two steps
 the request's deadline and its client are checked, so a request past its deadline, or whose
 client went away, stops there and frees the engine. Requests wait for the engine in the
 :class:`Admission` queue (asyncio, holding no thread).
@@ -20,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speculant import GenerationOptions
+from speculant.aio import AsyncEngine
 from speculant.errors import RequestError
-from speculant.serve.admission import Admission, DeadlineExceededError, EngineThread, Ticket
+from speculant.serve.admission import Admission, DeadlineExceededError, Ticket
 from speculant.serve.limits import UNDECLARED_CONTEXT_TOKENS, ServerLimits
 from speculant.serve.metrics import ServerMetrics
 from speculant.speculative.kinds import widest_k
@@ -62,7 +64,7 @@ class Service:
                                    max_waiting=limits.max_waiting,
                                    timeout_s=limits.request_timeout_s,
                                    retry_after_s=limits.retry_after_s)
-        self.worker = EngineThread()
+        self.aengine = AsyncEngine(engine)  # every engine call runs on its worker
         self.metrics.waiting.labels(model_name).set_function(lambda: self.admission.num_waiting)
         self.metrics.running.labels(model_name).set_function(
             lambda: len(self.admission.running))
@@ -149,8 +151,7 @@ class Service:
                 raise
             finally:
                 decode = opened.get("decode")
-                closing = self.worker.submit(lambda: decode and decode.close())
-                closing.add_done_callback(lambda _: release())
+                self.aengine.call_then(lambda: decode and decode.close(), release)
                 if reason != "finished" and (decode is not None or reason == "timeout"):
                     self.metrics.observe_aborted(reason, loop.time() - ticket.arrived_at)
 
@@ -158,7 +159,7 @@ class Service:
         """``call()`` on the engine thread, awaited until the ticket's deadline."""
         try:
             async with asyncio.timeout_at(ticket.deadline):
-                outcome = await self.worker.submit(call)
+                outcome = await self.aengine.call(call)
         except TimeoutError:
             raise self.admission.late(ticket, doing) from None
         ticket.last_step_at = asyncio.get_running_loop().time()

@@ -210,16 +210,18 @@ class Scheduler:
                 self.widths.choose([(entry.policy, min(entry.state.capped_width(
                     entry.widest), room - 1), entry.proposer) for entry in busy], row_bucket(
                     max(entry.cells.row for entry in busy), self.target.rows))
-            batch, launched, widths = StepBatch(), {}, {}
+            batch, launched, widths, drafted = StepBatch(), {}, {}, {}
             for entry in busy:
                 try:
                     widths[entry] = self._width(entry, room, is_prefilling)
                 except SpeculantError as error:  # its policy's: the request ends alone
                     self._fail(entry, error)
-            drafting = time.perf_counter()
-            drafted = self._draft_rows(widths)
-            self.widths.drafted_together([(entry.policy, widths[entry]) for entry in drafted],
-                                         time.perf_counter() - drafting)
+            if self.lone is None:  # rows drafted together first
+                drafting = time.perf_counter()
+                drafted = self._draft_rows(widths)
+                self.widths.drafted_together([(entry.policy, widths[entry])
+                                              for entry in drafted],
+                                             time.perf_counter() - drafting)
             target = self.lone.target if self.lone is not None else batch
             for entry in [entry for entry in busy if entry in widths]:
                 try:
