@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 from chain_helpers import PROBE_PROMPT
 
-from speculant.speculative.decode import decode
+from speculant.speculative.decode import alone
 from speculant.speculative.round import launch_host_round
 from speculant.speculative.verify import verify
 from speculant.speculative.width import FixedWidth
@@ -20,8 +20,9 @@ from speculant.workflow.state import RoundResult
 
 def prefilled(engine, prompt=PROBE_PROMPT, max_new_tokens=20):
     state = engine.admit(list(prompt), max_new_tokens, proposer="chained", k=3)
-    tokens = decode(state, engine.target, engine.proposer, FixedWidth(3))
-    first = next(tokens)  # the prefill's token, committed
+    scheduler, entry = alone(state, engine.target, engine.proposer, FixedWidth(3))
+    scheduler.step()  # the prefill: its token committed
+    first, = entry.committed
     return state, first
 
 

@@ -521,7 +521,7 @@ class FrozenCosts(StepCosts):
         for rows, per_token in slope.items():
             self.passes[rows] = WidthTable({w: 1.0 + per_token * (w - 1) for w in range(1, 17)})
 
-    def observe_pass(self, num_rows: int, width: int, seconds: float) -> None:
+    def observe_pass(self, num_rows: int, width: int, seconds: float, step: int = 0) -> None:
         pass
 
     def observe_proposal(self, kind: str, k: int, seconds: float, *,

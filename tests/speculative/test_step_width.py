@@ -10,6 +10,7 @@ import pytest
 
 from speculant.speculative.step_width import (
     EXPLORE_EVERY,
+    STALE_STEPS,
     RowWidth,
     StepCosts,
     StepRows,
@@ -270,3 +271,23 @@ def test_a_wider_pass_measured_cheaper_than_a_narrower_one_is_priced_at_the_narr
     assert costs.pass_seconds(8, range(4, 6)) == pytest.approx([2.2, 2.2])
     costs.observe_pass(2, 1, 3.0)  # fewer rows measured dearer: a floor for more rows
     assert costs.pass_seconds(8, range(1, 2)) == pytest.approx([3.0])
+
+
+def test_a_slow_first_measurement_is_explored_again_once_stale_and_replaced():
+    """One pass measured slow (a busy host) keeps its width from being chosen, so from being
+    measured again; once STALE_STEPS old it is explored at its lower bound (every other
+    stale width too, EXPLORE_EVERY steps apart) and its new measurement replaces the old
+    instead of being averaged in."""
+    step = StepWidth()
+    true_seconds = {1: 1.0, 2: 1.1, 3: 1.2}
+    for width, seconds in ((1, 1.0), (2, 1.1), (3, 9.0)):  # W = 3 measured once, slow
+        step.costs.observe_pass(1, width, seconds, step.num_steps)
+    rows = auto_rows(step, 1, cap=2)
+    rows[0][0].controller.acceptance[:] = [0.9, 0.9]
+    chosen = []
+    for _ in range(STALE_STEPS + 3 * EXPLORE_EVERY):
+        chosen.append(width := step.choose(rows, 1))
+        step.costs.observe_pass(1, width, true_seconds[width], step.num_steps)
+    assert set(chosen[:STALE_STEPS]) == {2}  # W = 3 looks dear: not chosen, not explored
+    assert 3 in chosen[STALE_STEPS:] and step.costs.passes[1].seconds[3] == 1.2  # replaced
+    assert chosen[-1] == 3

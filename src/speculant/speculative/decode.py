@@ -1,6 +1,6 @@
-"""A request decoded alone: its route, chosen at admission, and its decode — the scheduler's
-loop at one row (speculative/scheduler.py), for every proposer, width policy and device
-(docs/design/speculative.md).
+"""A request decoded alone: its route, chosen at admission, and its scheduler — the engine's
+one loop at one row (speculative/scheduler.py), for every proposer, width policy and device
+(docs/design/speculative.md); generation.py's ``Decode`` steps it.
 
 The loop invariant is :class:`~speculant.workflow.state.DecodeState`'s: between rounds read,
 the caches hold exactly the consumed positions and the pending token is the target's latest
@@ -8,8 +8,6 @@ choice. Everything a decode counts lands in ``state.stats``, returned with the s
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 from speculant.speculative.proposal import HOST_ROUNDS, QUEUED_ROUNDS, Proposer
 from speculant.speculative.round import Route
@@ -54,17 +52,3 @@ def alone(state: DecodeState, target: TargetPass, proposer: Proposer | None,
     scheduler = Scheduler(LoneTarget(target, route or choose_route(state, target, proposer)))
     return scheduler, scheduler.submit(state, proposer, policy)
 
-
-def decode(state: DecodeState, target: TargetPass, proposer: Proposer | None,
-           policy: WidthPolicy, route: Route | None = None) -> Iterator[int]:
-    """Yield each committed token as it is committed (:func:`alone`'s scheduler stepped);
-    ``state`` holds the rest; an error that ended it is raised."""
-    scheduler, entry = alone(state, target, proposer, policy, route)
-    try:
-        while scheduler.step():
-            while entry.committed:
-                yield entry.committed.popleft()
-    finally:  # left early too: the policy stops observing the sessions
-        entry.measuring.close()
-    if entry.error is not None:
-        raise entry.error

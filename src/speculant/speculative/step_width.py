@@ -31,6 +31,7 @@ from speculant.speculative.width import (
 from speculant.workflow.state import DecodeState, RoundResult
 
 EXPLORE_EVERY = 4  # steps at least between two explorations of a width the rule did not pick
+STALE_STEPS = 64  # a pass cost older than this many steps is explored again, and replaced
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,16 @@ class StepCosts:
     propose_rows: dict[str, WidthTable] = field(default_factory=dict)
     outside: WidthTable = field(default_factory=WidthTable)  # B -> a step's other seconds
 
-    def observe_pass(self, num_rows: int, width: int, seconds: float) -> None:
-        self.passes.setdefault(num_rows, WidthTable()).observe(width, seconds)
+    # (n, W) -> the step its pass was last measured at (StepWidth's count)
+    observed_at: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def observe_pass(self, num_rows: int, width: int, seconds: float, step: int = 0) -> None:
+        """Averaged in, or replacing a stale cost (the buffers grew, the host was busy)."""
+        table = self.passes.setdefault(num_rows, WidthTable())
+        if not self.is_measured(num_rows, width, step):
+            table.seconds.pop(width, None)
+        table.observe(width, seconds)
+        self.observed_at[num_rows, width] = step
 
     def observe_proposal(self, kind: str, k: int, seconds: float, *,
                          is_together: bool = False) -> None:
@@ -109,15 +118,18 @@ class StepCosts:
         if seconds >= 0.0:
             self.outside.observe(num_rows, seconds)
 
-    def is_measured(self, num_rows: int, width: int) -> bool:
+    def is_measured(self, num_rows: int, width: int, step: int | None = None) -> bool:
+        """Measured (given ``step``: at most :data:`STALE_STEPS` steps before it)."""
         table = self.passes.get(num_rows)
-        return table is not None and width in table.seconds
+        return table is not None and width in table.seconds and (step is None or step - (
+            self.observed_at.get((num_rows, width), step)) <= STALE_STEPS)
 
-    def lower_bound(self, num_rows: int, width: int) -> float:
+    def lower_bound(self, num_rows: int, width: int, *, own: bool = True) -> float:
         """The least a pass ``[num_rows, width]`` can cost: a pass of no more rows and no
-        wider costs no more (0 where none was measured)."""
+        wider costs no more (0 where none was measured; ``own`` False: its own left out)."""
         return max((seconds for rows, table in self.passes.items() if rows <= num_rows
-                    for w, seconds in table.seconds.items() if w <= width), default=0.0)
+                    for w, seconds in table.seconds.items() if w <= width and (
+                        own or (rows, w) != (num_rows, width))), default=0.0)
 
     def pass_seconds(self, num_rows: int, widths: range) -> list[float]:
         """``t_pass(B, W)`` for each of ``widths``: measured, else read off the line through
@@ -222,16 +234,17 @@ class StepWidth:
 
     def _explore(self, rows: StepRows, num_rows: int, widths: range, chosen: int,
                  seconds: Sequence[float], outside: float) -> int:
-        """``chosen``, or (once per :data:`EXPLORE_EVERY` steps) the narrowest unmeasured
-        width that would beat it at its lower bound."""
+        """``chosen``, or (once per :data:`EXPLORE_EVERY` steps) the narrowest width
+        unmeasured or measured :data:`STALE_STEPS` ago that would beat it at its lower
+        bound (a slow first measurement is not kept for good)."""
         costs = self.costs
-        if self.num_steps - self._explored_at < EXPLORE_EVERY or all(
-                costs.is_measured(num_rows, width) for width in widths):
+        known = [costs.is_measured(num_rows, width, self.num_steps) for width in widths]
+        if self.num_steps - self._explored_at < EXPLORE_EVERY or all(known):
             return chosen
         rate = step_rates(rows, widths, seconds, outside)[widths.index(chosen)]
         optimistic = step_rates(rows, widths, [
-            float("inf") if costs.is_measured(num_rows, width) else
-            costs.lower_bound(num_rows, width) for width in widths], outside)
+            float("inf") if is_known else costs.lower_bound(num_rows, width, own=False)
+            for width, is_known in zip(widths, known, strict=True)], outside)
         better = [width for width, best in zip(widths, optimistic, strict=True) if best > rate]
         if not better:
             return chosen
@@ -279,7 +292,7 @@ class StepWidth:
         the time outside."""
         if pass_seconds is None:
             return
-        self.costs.observe_pass(num_run, width, pass_seconds)
+        self.costs.observe_pass(num_run, width, pass_seconds, self.num_steps)
         if is_decoding:
             self.costs.observe_outside(num_rows, step_seconds - pass_seconds
                                        - self._proposing_seconds)
