@@ -386,11 +386,6 @@ class Engine:
                ) -> tuple[DecodeState, Proposer | None, WidthPolicy]:
         """``batched``: the request will decode with others, in a row of these caches."""
         options = options.checked()
-        if batched is not None and options.prompt_logprobs:
-            raise RequestError("prompt_logprobs are not recorded for requests decoded "
-                               "together (their prompt runs in chunks)", path="prompt_logprobs",
-                               value=True, remedy="decode the request alone "
-                                                  "(engine.generate(...))")
         if isinstance(prompt, str | bytes | bytearray):
             prompt_ids = tuple(self.tokenizer.encode(checked_text("prompt", prompt)))
         else:

@@ -345,6 +345,24 @@ def test_seeded_sampling_draws_the_same_tokens_together_as_alone(engines, propos
                                          temperature=0.9, seed=2).token_ids
 
 
+def test_prompt_logprobs_are_recorded_chunk_by_chunk_as_alone(engines):
+    """Prompts prefilled in chunks of 3 beside decoding rows: each chunk's rows give the
+    log-probabilities of the prompt tokens after them, the whole prompt's equal to alone."""
+    engine = engines(3, 3)
+    options = speculant.GenerationOptions(max_new_tokens=6, prompt_logprobs=True, logprobs=1,
+                                          proposer="prompt_lookup", k=2)
+    together = engine.generate_many(PROMPTS, options)
+    for prompt, got in zip(PROMPTS, together, strict=True):
+        expected = alone(engine, prompt, max_new_tokens=6, prompt_logprobs=True, logprobs=1,
+                         proposer="prompt_lookup", k=2)
+        assert len(got.prompt_logprobs) == len(prompt) and got.prompt_logprobs[0] is None
+        assert [t.token for t in got.prompt_logprobs[1:]] == list(prompt[1:])
+        np.testing.assert_allclose([t.logprob for t in got.prompt_logprobs[1:]],
+                                   [t.logprob for t in expected.prompt_logprobs[1:]],
+                                   atol=1e-4)
+        assert got.token_ids == expected.token_ids
+
+
 def test_logprobs_are_recorded_per_request_as_alone(engines):
     engine = engines(3, 4)
     options = speculant.GenerationOptions(max_new_tokens=8, logprobs=2,
@@ -634,8 +652,8 @@ def test_generate_many_names_the_prompt_and_queues_nothing(engines):
     with pytest.raises(RequestError) as caught:
         engine.generate_many([PROMPTS[0], PROMPTS[1]], [
             speculant.GenerationOptions(max_new_tokens=4),
-            speculant.GenerationOptions(max_new_tokens=4, prompt_logprobs=True)])
-    assert caught.value.problems[0].path == "prompts[1].prompt_logprobs"
+            speculant.GenerationOptions(max_new_tokens=4, logprobs=-1)])
+    assert caught.value.problems[0].path == "prompts[1].logprobs"
     engine.scheduler.step()
     assert not engine.scheduler.has_work
     with pytest.raises(RequestError, match="3 options for 2 prompts"):

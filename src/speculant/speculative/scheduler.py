@@ -320,7 +320,7 @@ class Scheduler:
         if launched is not None:
             chunk = resolved(launched)
             if chunk.end < state.prompt_len:  # the prompt goes on next step
-                state.advance(chunk, len(chunk.tokens))
+                state.record_chunk(chunk)
                 return
             # the prompt's last row gives the first token, at position P
             last_row = state.seam.last_along_axis(chunk.logits, chunk.logits.rank - 2)

@@ -49,11 +49,15 @@ class Logprobs:
         (self.generated if into is None else into).extend(
             entries(rows, tokens, self.num_top))
 
-    def record_prompt(self, seam: TensorSeam, scores: Value, prompt: Sequence[int]) -> None:
-        """The prompt's entries from the prefill's rows [1, P, V] (row ``i`` scores
-        ``prompt[i + 1]``)."""
-        self.prompt = [None]
-        self.record(seam, scores, prompt[1:], into=self.prompt)
+    def record_prompt(self, seam: TensorSeam, scores: Value, prompt: Sequence[int],
+                      start: int = 0) -> None:
+        """The prompt's entries from a prefill chunk's rows [1, n, V] from ``start`` (row
+        ``i`` scores ``prompt[start + i + 1]``; a prompt prefilled in chunks, chunk by
+        chunk, the first opening the list with None)."""
+        if start == 0:
+            self.prompt = [None]
+        num_rows = scores.shape[scores.rank - 2]
+        self.record(seam, scores, prompt[start + 1:start + 1 + num_rows], into=self.prompt)
 
 
 def entries(rows: np.ndarray, tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:

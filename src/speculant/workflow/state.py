@@ -219,14 +219,20 @@ class DecodeState:
             if self.seam.read_token_ids(self.seam.argmax_rows(row))[0] == NO_TOKEN:
                 raise self._no_finite_scores()
         self.stats.record_prefill(self.sampler is not None)
-        if self.logprobs is not None and self.logprobs.wants_prompt:
-            self.logprobs.record_prompt(self.seam, pass_result.logits, pass_result.tokens)
-        self.advance(pass_result, len(pass_result.tokens))
+        self.record_chunk(pass_result)
         committed = self.commit([first])
         if self.logprobs is not None:  # the prefill's last row chose it
             self.logprobs.record(self.seam, pass_result.logits, committed,
                                  first_row=len(pass_result.tokens) - 1)
         return committed
+
+    def record_chunk(self, pass_result: PassResult) -> None:
+        """A prompt chunk consumed (the whole prompt alone; in chunks decoded together): its
+        caches adopted, its rows' prompt log-probabilities recorded where asked."""
+        if self.logprobs is not None and self.logprobs.wants_prompt:
+            self.logprobs.record_prompt(self.seam, pass_result.logits,
+                                        self.tokens[:self.prompt_len], pass_result.start)
+        self.advance(pass_result, len(pass_result.tokens))
 
     def record(self, result: RoundResult) -> list[int]:
         """Record one round: roll back to ``C + num_accepted`` (the chain context becomes
