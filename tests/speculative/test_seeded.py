@@ -136,7 +136,9 @@ def test_demo_pair_speculative_equals_plain_sampling(demo, demo_plain, proposer,
         run = demo.generate(prompt, 32, seed=seed, proposer=proposer, k=k, **DEMO_SAMPLING)
         assert run.token_ids == plain, (proposer, k, prompt, seed)
         accepted += run.stats.accepted_drafts
-    assert accepted > 0  # the drafts were accepted somewhere: speculation did the work
+    # the drafts were accepted somewhere: speculation did the work (k="auto" chooses its
+    # widths from this host's measured costs: on a loaded one it may verify none)
+    assert accepted > 0 or k == "auto"
 
 
 @pytest.mark.parametrize("proposer", PROPOSERS)
