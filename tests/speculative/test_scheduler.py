@@ -281,6 +281,34 @@ def test_chained_rows_join_and_leave_mid_decode(engines, monkeypatch):
     assert not engine.scheduler.has_work
 
 
+@pytest.mark.parametrize("proposer", ["chained", "prompt_lookup"])
+def test_decoding_rows_verify_drafts_in_steps_where_a_row_prefills(engines, monkeypatch,
+                                                                   proposer):
+    """A request joining in chunks of 3 does not stop the decoding rows' speculation: in the
+    steps that hold its prompt they still draft and verify (their passes are the decoding
+    rows', or inside the chunk's width), and every output equals alone."""
+    engine = engines(3, 3)
+    seen = []  # per decoding row's round: (another row prefilled in its step, its k)
+    fill = scheduler_module.Rounds.fill
+
+    def spied(self, target, k, drafted):
+        rows = [entry for entry in engine.scheduler.rows if entry is not None]
+        seen.append((any(entry.is_prefilling for entry in rows), k or 0))
+        return fill(self, target, k, drafted)
+
+    monkeypatch.setattr(scheduler_module.Rounds, "fill", spied)
+    options = {"max_new_tokens": 16, "proposer": proposer, "k": 2, "stop_on_eos": False}
+    handles = [engine.submit(PROMPTS[0], **options)]
+    for _ in range(4):
+        engine.scheduler.step()
+    handles += [engine.submit(prompt, **options) for prompt in PROMPTS[1:3]]
+    outputs = [list(handle) for handle in handles]
+    assert any(prefilling and k > 0 for prefilling, k in seen)
+    monkeypatch.setattr(scheduler_module.Rounds, "fill", fill)
+    for prompt, tokens in zip(PROMPTS, outputs, strict=False):
+        assert tokens == engine.generate(prompt, **options).token_ids
+
+
 def test_requests_join_and_leave_mid_decode_with_their_own_stop_rules(engines):
     """Requests arrive while others decode; each keeps its own max_new_tokens, stop string
     and EOS rule, and equals its output alone (token ids, text, finish reason)."""

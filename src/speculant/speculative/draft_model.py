@@ -119,7 +119,7 @@ def kept_length(confirmed: int, held: Sequence[int], state: DecodeState) -> int:
     """``D'``: how many of a draft's first slots hold the stream ``x[0..C)``, where its first
     ``confirmed`` slots do and the next ``len(held)`` hold ``held`` (the drafts its last
     proposal consumed). After a round that verified them ``D' = min(D, C)``; but a round of
-    width 0 (no proposal: a greedy step, a scheduler step where a row prefills) may commit
+    width 0 (no proposal: a greedy step of ``k="auto"`` or of a width policy) may commit
     past a rejected draft before the next proposal, so a held draft counts only where the
     stream holds it too, and only those before the first that it does not."""
     kept = confirmed

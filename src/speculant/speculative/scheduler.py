@@ -205,15 +205,16 @@ class Scheduler:
             # 2. The step's width W keeps every row's window [L_b, L_b + W) in its row.
             room = self._room(busy)
             is_prefilling = any(entry.is_prefilling for entry in busy)
+            decoding = [entry for entry in busy if not entry.is_prefilling]
             started = time.perf_counter()
-            if not is_prefilling and self.lone is None:  # k="auto" rows: the step's W
+            if decoding and self.lone is None:  # k="auto" rows: the step's W
                 self.widths.choose([(entry.policy, min(entry.state.capped_width(
-                    entry.widest), room - 1), entry.proposer) for entry in busy], row_bucket(
-                    max(entry.cells.row for entry in busy), self.target.rows))
+                    entry.widest), room - 1), entry.proposer) for entry in decoding],
+                    row_bucket(max(entry.cells.row for entry in decoding), self.target.rows))
             batch, launched, widths, drafted = StepBatch(), {}, {}, {}
             for entry in busy:
                 try:
-                    widths[entry] = self._width(entry, room, is_prefilling)
+                    widths[entry] = self._width(entry, room)
                 except SpeculantError as error:  # its policy's: the request ends alone
                     self._fail(entry, error)
             if self.lone is None:  # rows drafted together first
@@ -261,13 +262,14 @@ class Scheduler:
         self.target.fit(max(entry.cells.capacity for entry in busy))
         return min(self.target.capacity - entry.state.consumed for entry in busy)
 
-    def _width(self, entry: Entry, room: int, is_prefilling: bool) -> int | None:
-        """A decoding row's k this step (none in a step where a row prefills:
-        onnxruntime-genai's rule); 0 for a prefilling row; None for a lone row, whose
-        rounds choose theirs as deep as they are queued."""
+    def _width(self, entry: Entry, room: int) -> int | None:
+        """A decoding row's k this step, whether or not another row prefills in it (its
+        block runs in the decoding rows' pass, or inside a short chunk's width: drafts
+        cost what they cost in any step); 0 for a prefilling row; None for a lone row,
+        whose rounds choose theirs as deep as they are queued."""
         if entry.is_prefilling or self.lone is not None:
             return 0 if entry.is_prefilling else None
-        return 0 if is_prefilling else entry.policy.width(
+        return entry.policy.width(
             entry.state, min(entry.state.capped_width(entry.widest), room - 1))
 
     def _draft_rows(self, widths: dict[Entry, int]) -> dict[Entry, Drafted]:
