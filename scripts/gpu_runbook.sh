@@ -7,6 +7,7 @@
 #   bash scripts/gpu_runbook.sh bench   OUT   # the realistic ~1B pair: 32 prompts, then 8 beside genai
 #   bash scripts/gpu_runbook.sh smollm2 OUT   # SmolLM2 float16 static pair: --stats, bench beside genai
 #   bash scripts/gpu_runbook.sh profile OUT   # cProfile of the ~1B pair's rounds, ORT's kernels
+#   bash scripts/gpu_runbook.sh scheduler OUT # smollm2 float16, 64-row batched graph: bench --concurrency 1,16,64
 #
 # Variables (defaults in brackets):
 #   SITE   [/tmp/site]            where the staged wheels were installed (put on PYTHONPATH)
@@ -14,7 +15,7 @@
 #   PYTHON [python3]              the interpreter
 #   PROMPTS [docs/benchmarks/val8-prompts.json]   the 8 prompts of the anchored runs
 set -u
-step=${1:?subcommand: tests, build, bench, smollm2 or profile}
+step=${1:?subcommand: tests, build, bench, smollm2, scheduler or profile}
 out=${2:?OUT folder for the results}
 SITE=${SITE:-/tmp/site}
 WORK=${WORK:-/tmp/speculant-gpu}
@@ -22,6 +23,7 @@ PYTHON=${PYTHON:-python3}
 PROMPTS=${PROMPTS:-docs/benchmarks/val8-prompts.json}
 mkdir -p "$out" "$WORK"
 export PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1  # not tests/: its builders shadows genai's
+export SPECULANT_CACHE=${SPECULANT_CACHE:-$WORK/cache}  # the built-ins (the image has no platformdirs)
 speculant() { "$PYTHON" -m speculant "$@"; }
 stage() { echo "== $1 ($(date +%T))"; }
 
@@ -110,6 +112,14 @@ smollm2)
     --proposer chained --proposer prompt_lookup --k 4 --k auto \
     --anchors genai --anchor-dir "$WORK/anchors-smollm2"
   ;;
+scheduler)
+  stage "build: smollm2 float16 static with a 64-row batched graph (the built-in's cache)"
+  package=$("$PYTHON" -c "from speculant_tools.builtin import smollm2; print(smollm2('cuda', batch=64))" \
+    2> "$WORK/build.log") || { tail -5 "$WORK/build.log"; exit 1; }
+  stage "bench: requests decoded together, greedy and k=auto speculation"
+  bench smollm2-concurrency "$package" 420 128 --concurrency 1,16,64 --proposer prompt_lookup \
+    --proposer chained --proposer lookup_chained --k auto --repeats 2
+  ;;
 profile)
   build_real1b > "$WORK/build.log" 2>&1 || { tail -5 "$WORK/build.log"; exit 1; }
   stage "cProfile: the realistic ~1B pair, greedy and chained k=4"
@@ -122,6 +132,6 @@ profile)
       --width $width --runs 20 --top 12 | tee "$out/profile-ort-w$width.txt"
   done
   ;;
-*) echo "unknown subcommand $step: tests, build, bench, smollm2 or profile"; exit 2 ;;
+*) echo "unknown subcommand $step: tests, build, bench, smollm2, scheduler or profile"; exit 2 ;;
 esac
 stage done

@@ -327,11 +327,15 @@ def package_logits(root: Path, ids: list[int], prefill: int, capacity: int = 32,
                    provider: str = "CPUExecutionProvider") -> np.ndarray:
     """Logits [T, vocab] float64 of ``root``'s decoder: ``ids[:prefill]`` in one pass, then
     one token per pass, each pass fed the caches the previous one returned (appended: the
-    presents; static: the buffers, ``cache_lengths`` the tokens before the pass)."""
+    presents; static: the buffers, ``cache_lengths`` the tokens before the pass). On CUDA
+    with TF32 off: float32 is compared in float32 (docs/design/residency.md), where ONNX
+    Runtime's CUDA EP would otherwise round matmul inputs to TF32's 10-bit mantissa."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
+    providers = [(provider, {"use_tf32": "0"}) if provider == "CUDAExecutionProvider"
+                 else provider]
     session = ort.InferenceSession(str(root / "decoder" / "model.onnx"), options,
-                                   providers=[provider])
+                                   providers=providers)
     inputs = {i.name: i for i in session.get_inputs()}
     is_static = "cache_lengths" in inputs
     dtype = np.float16 if "float16" in inputs["past_key_values.0.key"].type else np.float32
