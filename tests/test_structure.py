@@ -137,10 +137,10 @@ LAYERS = {
 # rises only in a commit that adds a capability and says by how much; any other growth comes
 # with a deletion beside it. The change a commit makes is `git diff --stat`'s to report.
 LAYER_CEILINGS = {
-    "package": 3_642, "tensors": 2_066, "text": 815, "session": 927, "workflow": 2_093,
-    "speculative": 3_399, "engine and API": 2_216, "serve": 1_724,
+    "package": 3_642, "tensors": 2_066, "text": 815, "session": 927, "workflow": 2_115,
+    "speculative": 3_407, "engine and API": 2_216, "serve": 1_724,
 }
-RUNTIME_CEILING = 16_882  # the sum
+RUNTIME_CEILING = 16_912  # the sum
 MODULE_LINE_LIMIT = 500
 
 

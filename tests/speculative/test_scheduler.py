@@ -37,6 +37,7 @@ from speculant.speculative.chained import ChainedProposer
 from speculant.speculative.step_width import StepCosts, StepWidth
 from speculant.speculative.width import WidthTable
 from speculant.tensors import Value
+from speculant.tensors.seam import TensorSeam
 from speculant.workflow import batched_pass
 from speculant_tools.export import write_decoder_package, write_pair_package
 
@@ -307,6 +308,37 @@ def test_decoding_rows_verify_drafts_in_steps_where_a_row_prefills(engines, monk
     monkeypatch.setattr(scheduler_module.Rounds, "fill", fill)
     for prompt, tokens in zip(PROMPTS, outputs, strict=False):
         assert tokens == engine.generate(prompt, **options).token_ids
+
+
+@pytest.mark.parametrize("runner", [{}, {"proposer": "prompt_lookup", "k": 2},
+                                    {"proposer": "chained", "k": 2}])
+def test_a_step_reduces_its_rows_scores_to_token_ids_once(engines, monkeypatch, runner):
+    """Greedy rows decoded together share one argmax (and one read-back) of the step's
+    batched pass, not one a row; their outputs equal alone."""
+    engine = engines(4, 128)
+    calls = []
+    argmax_rows = TensorSeam.argmax_rows
+
+    def counted(self, x):
+        calls.append(x.shape)
+        return argmax_rows(self, x)
+
+    options = {"max_new_tokens": 12, "stop_on_eos": False, **runner}
+    handles = [engine.submit(prompt, **options) for prompt in PROMPTS[:4]]
+    while any(entry is None or entry.is_prefilling for entry in engine.scheduler.rows):
+        engine.scheduler.step()
+    monkeypatch.setattr(TensorSeam, "argmax_rows", counted)
+    steps = 0
+    while all(entry is not None for entry in engine.scheduler.rows) and steps < 4:
+        calls.clear()
+        engine.scheduler.step()
+        steps += 1
+        # one [4, W, V] reduction for the step; none of a row's [1, W_b, V] alone
+        assert [shape[0] for shape in calls if len(shape) == 3] == [4], calls
+    assert steps > 0
+    monkeypatch.setattr(TensorSeam, "argmax_rows", argmax_rows)
+    for prompt, handle in zip(PROMPTS[:4], handles, strict=True):
+        assert list(handle) == engine.generate(prompt, **options).token_ids
 
 
 def test_requests_join_and_leave_mid_decode_with_their_own_stop_rules(engines):

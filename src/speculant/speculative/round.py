@@ -64,7 +64,8 @@ def launch_host_round(state: DecodeState, target: TargetPass, proposer: Proposer
         #    block[1..a) are accepted drafts, then the correction (a <= k) or the bonus.
         if proposal.drafts is None:  # drafts on the host (always under a grammar)
             num_accepted, token = verify(state.seam, state.sampler, block, verify_pass.logits,
-                                         proposal.probs, state.consumed, state.constraint)
+                                         proposal.probs, state.consumed, state.constraint,
+                                         verify_pass.argmax)
             return _result(proposal, num_accepted, [*block[1:num_accepted], token],
                            replace(verify_pass, tokens=tuple(block)))
         assert state.constraint is None  # a grammar's drafts are chosen on the host

@@ -12,7 +12,8 @@ sampling's draws), and the round records nothing itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 from speculant.tensors import TensorSeam, Value
 from speculant.workflow.constraint import Constraint
@@ -35,7 +36,8 @@ def greedy_accept(block: Sequence[int], target: Sequence[int]) -> int:
 
 def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logits: Value,
            q: Sequence[Value] | None, start: int,
-           constraint: Constraint | None = None) -> tuple[int, int]:
+           constraint: Constraint | None = None,
+           argmax: Callable[[], list[int]] | None = None) -> tuple[int, int]:
     """``(num_accepted, t[num_accepted])`` for the block ``[p, d_1 … d_k]`` at sequence
     positions ``start … start + k`` from the verification scores ``logits`` [1, k + 1, V]
     (row ``i`` scores the token after ``block[0..i]``, at position ``start + i + 1``).
@@ -50,15 +52,18 @@ def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logi
 
     ``constraint``: every row is first masked by the grammar, advanced along the drafts
     (workflow/constraint.py), so the target's choice at each row is one the grammar allows
-    and a draft it refuses is never accepted.
+    and a draft it refuses is never accepted. ``argmax``: the rows' argmax made already (a
+    batched pass's, for all its rows at once), which greedy verification reads if unmasked.
     """
     drafts = block[1:]
     if constraint is not None:
-        logits = constraint.mask_rows(seam, logits, drafts)
+        logits, argmax = constraint.mask_rows(seam, logits, drafts), None
     if sampler is None or sampler.is_keyed:
-        choices = seam.argmax_rows(logits) if sampler is None else seam.sample_keyed(
-            logits, sampler.params, sampler.key, start + 1)  # [k + 1] int32
-        t = [block[0], *seam.read_token_ids(choices)]  # k + 1 ids
+        if sampler is not None or argmax is None:  # the rows reduced here: [k + 1] int32
+            choices = seam.argmax_rows(logits) if sampler is None else seam.sample_keyed(
+                logits, sampler.params, sampler.key, start + 1)
+            argmax = functools.partial(seam.read_token_ids, choices)
+        t = [block[0], *argmax()]  # k + 1 ids
         num_accepted = greedy_accept(block, t)
         return num_accepted, t[num_accepted]
     p = seam.distribution_rows(logits, sampler.params)  # [k + 1, V] float32

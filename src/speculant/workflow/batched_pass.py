@@ -50,6 +50,25 @@ def row_bucket(highest_row: int, num_rows: int) -> int:
     return min(num_rows, 1 << highest_row.bit_length())
 
 
+class PassArgmax:
+    """The argmax of every row of one batched pass's logits ``[rows, W, V]``: one reduction
+    and one read-back for all its rows (not one a row), made when a row first asks. Its rows
+    are read in the step that ran the pass, before the plan's next run rewrites the logits."""
+
+    def __init__(self, seam: TensorSeam, logits: Value) -> None:
+        self.seam, self.logits = seam, logits
+        self._ids: np.ndarray | None = None  # [rows, W] int64, once asked
+
+    def of(self, row: int, width: int) -> Callable[[], list[int]]:  # its block's ids
+        return lambda: self._every_row()[row, :width].tolist()
+
+    def _every_row(self) -> np.ndarray:
+        if self._ids is None:
+            ids = self.seam.read_token_ids(self.seam.argmax_rows(self.logits))
+            self._ids = np.asarray(ids, np.int64).reshape(self.logits.shape[:2])
+        return self._ids
+
+
 @dataclass(frozen=True)
 class RowBlock:
     """One row's part of a batched pass."""
@@ -267,8 +286,10 @@ class BatchedTargetPass:
             return self.seam.truncate_axis(self.seam.slice_axis(
                 value, 0, block.cells.row - first, 1), 1, len(block.tokens))
 
+        argmax = PassArgmax(self.seam, logits)
         return {id(block): PassResult(block.start, block.tokens, {}, row(logits, block),
-                                      None if seed is None else row(seed, block), block.cells)
+                                      None if seed is None else row(seed, block), block.cells,
+                                      argmax.of(block.cells.row - first, len(block.tokens)))
                 for block in blocks}
 
     def _plan(self, first: int, rows: int, width: int) -> PassPlan:

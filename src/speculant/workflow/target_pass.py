@@ -8,7 +8,7 @@ the round needs: the logits, the folded-carry seed, the presents and every value
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,6 +36,7 @@ class PassResult:
     logits: Value  # [1, n, V] target scores, where the target executes
     seed: Value | None  # [1, n, W_C] the folded-carry seed output (chained packages)
     presents: AppendedCells | StaticCells | RowCells  # cell -> present (C0 + n) or buffer
+    argmax: Callable[[], list[int]] | None = None  # its rows' argmax ids (batched_pass.py)
 
     @property
     def end(self) -> int:
