@@ -263,8 +263,7 @@ class Scheduler:
         return min(self.target.capacity - entry.state.consumed for entry in busy)
 
     def _width(self, entry: Entry, room: int) -> int | None:
-        """A decoding row's k this step, whether or not another row prefills in it (its
-        block runs in the decoding rows' pass, or inside a short chunk's width: drafts
+        """A decoding row's k this step, whether or not another row prefills in it (drafts
         cost what they cost in any step); 0 for a prefilling row; None for a lone row,
         whose rounds choose theirs as deep as they are queued."""
         if entry.is_prefilling or self.lone is not None:

@@ -12,7 +12,6 @@ sampling's draws), and the round records nothing itself.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 from speculant.tensors import TensorSeam, Value
@@ -59,11 +58,13 @@ def verify(seam: TensorSeam, sampler: Sampler | None, block: Sequence[int], logi
     if constraint is not None:
         logits, argmax = constraint.mask_rows(seam, logits, drafts), None
     if sampler is None or sampler.is_keyed:
-        if sampler is not None or argmax is None:  # the rows reduced here: [k + 1] int32
-            choices = seam.argmax_rows(logits) if sampler is None else seam.sample_keyed(
-                logits, sampler.params, sampler.key, start + 1)
-            argmax = functools.partial(seam.read_token_ids, choices)
-        t = [block[0], *argmax()]  # k + 1 ids
+        if sampler is None and argmax is not None:  # reduced with the pass's other rows
+            ids = argmax()
+        else:  # the rows reduced here, [k + 1] int32, and read back
+            ids = seam.read_token_ids(seam.argmax_rows(logits) if sampler is None else
+                                      seam.sample_keyed(logits, sampler.params, sampler.key,
+                                                        start + 1))
+        t = [block[0], *ids]  # k + 1 ids
         num_accepted = greedy_accept(block, t)
         return num_accepted, t[num_accepted]
     p = seam.distribution_rows(logits, sampler.params)  # [k + 1, V] float32
